@@ -1,0 +1,604 @@
+"""`FusedAttnConfig`: one attention problem, normalized the way TransformerEngine normalizes it.
+
+The config is the single currency between TE, the CLI, the probes and the cache. Two configs that
+TE would treat alike compare equal and share one :meth:`FusedAttnConfig.key`. Importing this module
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+#: Bumped whenever the meaning of a field or the normalization changes (it is part of the key).
+CONFIG_SCHEMA = 1
+
+DTYPES = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+
+#: Every qkv_layout string TE accepts (``QKVLayout`` in TE's cpp_extensions), paged forms included.
+QKV_LAYOUTS = (
+    "sb3hd", "sbh3d", "sbhd_sb2hd", "sbhd_sbh2d", "sbhd_sbhd_sbhd",
+    "bs3hd", "bsh3d", "bshd_bs2hd", "bshd_bsh2d", "bshd_bshd_bshd",
+    "t3hd", "th3d", "thd_t2hd", "thd_th2d", "thd_thd_thd",
+    "sbhd_bshd_bshd", "bshd_sbhd_sbhd", "thd_bshd_bshd", "thd_sbhd_sbhd",
+    "paged_kv_bshd_bshd_bshd", "paged_kv_bshd_sbhd_sbhd", "paged_kv_sbhd_bshd_bshd",
+    "paged_kv_sbhd_sbhd_sbhd", "paged_kv_thd_bshd_bshd", "paged_kv_thd_sbhd_sbhd",
+    "bhsd_bhsd_bhsd",
+)  # fmt: skip
+
+MASK_TYPES = (
+    "no_mask", "padding", "causal", "padding_causal",
+    "causal_bottom_right", "padding_causal_bottom_right", "arbitrary",
+)  # fmt: skip
+BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+BIAS_SHAPES = ("1hss", "b1ss", "bhss", "11ss", "111s")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+FP8_RECIPES = ("none", "delayed", "current", "mxfp8", "block", "nvfp4")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+
+# TE recipe class name -> our recipe name (``fp8_meta["recipe"]``).
+_RECIPE_CLASSES = {
+    "DelayedScaling": "delayed",
+    "Float8CurrentScaling": "current",
+    "MXFP8BlockScaling": "mxfp8",
+    "Float8BlockScaling": "block",
+    "NVFP4BlockScaling": "nvfp4",
+}
+# str(torch.dtype) -> our dtype name (no torch import needed).
+_TORCH_DTYPES = {
+    "torch.float16": "fp16",
+    "torch.half": "fp16",
+    "torch.bfloat16": "bf16",
+    "torch.float32": "fp32",
+    "torch.float": "fp32",
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e5m2": "fp8_e5m2",
+}
+_MASK_ALIASES = {"causal,padding": "padding_causal", "padding,causal": "padding_causal",
+                 "causal_padding": "padding_causal"}  # fmt: skip
+
+
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{name}={value!r} is not valid: {allowed}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise _bad(name, value, "allowed: " + ", ".join(allowed))
+    return value
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(name, value, f"expected an integer >= {minimum}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(name, value, "expected true or false")
+    return value
+
+
+def _float(name: str, value: Any, lo: float, hi: float, hi_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, value, f"expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
+    value = float(value)
+    if not math.isfinite(value) or value < lo or value > hi or (hi_open and value == hi):
+        raise _bad(name, value, f"expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
+    return value
+
+
+def is_causal(mask: str) -> bool:
+    """True for every causal mask type (top-left and bottom-right)."""
+    return "causal" in mask
+
+
+def normalize_mask(mask: Any) -> str:
+    """TE's mask spelling rules: ``"causal,padding"`` and friends become ``padding_causal``."""
+    if isinstance(mask, str):
+        mask = _MASK_ALIASES.get(mask, mask)
+    return _choice("attn_mask_type", mask, MASK_TYPES)
+
+
+def normalize_window(mask: str, window: Any) -> tuple[int, int]:
+    """Mirror TE's ``check_set_window_size``: one canonical window per mask type.
+
+    Causal masks: ``None``/``(-1, -1)`` -> ``(-1, 0)``; ``(l >= 0, r != 0)`` -> ``(l, 0)``.
+    Other masks: ``None``/``(-1, 0)`` -> ``(-1, -1)``. Anything else negative is an error.
+    """
+    if window is None:
+        return (-1, 0) if is_causal(mask) else (-1, -1)
+    if (
+        not isinstance(window, (tuple, list))
+        or len(window) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int) for w in window)
+    ):
+        raise _bad("window_size", window, "expected None or a pair of integers (left, right)")
+    left, right = int(window[0]), int(window[1])
+    if is_causal(mask):
+        if (left, right) in ((-1, -1), (-1, 0)):
+            return (-1, 0)
+        if left >= 0 and right >= -1:
+            return (left, 0)
+        raise _bad("window_size", window, f"attn_mask_type={mask} needs (-1, 0) or (>=0, 0)")
+    if (left, right) in ((-1, 0), (-1, -1)):
+        return (-1, -1)
+    if left < 0 or right < 0:
+        raise _bad("window_size", window, f"attn_mask_type={mask} needs (-1, -1) or (>=0, >=0)")
+    return (left, right)
+
+
+def layout_formats(qkv_layout: str, kv_cache: bool = False) -> tuple[str, str, str]:
+    """TE's ``get_qkv_format``: ``(qkv_format, q_format, kv_format)`` of a layout string."""
+    parts = qkv_layout.replace("paged_kv_", "").split("_")
+    q_fmt = "".join(c for c in parts[0] if c.isalpha())
+    if kv_cache:
+        kv_fmt = "".join(c for c in parts[1] if c.isalpha())
+        qkv_fmt = q_fmt if q_fmt == kv_fmt else f"{q_fmt}_2{kv_fmt}"
+        return qkv_fmt, q_fmt, kv_fmt
+    return q_fmt, q_fmt, q_fmt
+
+
+def layout_group(qkv_layout: str) -> str:
+    """Layout with b/s/t removed: ``hd_hd_hd`` separate, ``3hd``/``hd_2hd``... packed."""
+    return qkv_layout.replace("paged_kv_", "").replace("b", "").replace("s", "").replace("t", "")
+
+
+@dataclass(frozen=True)
+class FusedAttnConfig:
+    """One attention problem, as TE's ``AttentionParams`` describes it, normalized and validated.
+
+    ``fp8`` means FP8 dot-product attention (TE's ``fp8 and fp8_meta["recipe"].fp8_dpa``).
+    Fields that cannot change any backend's answer in a given setting are normalized to their
+    default (e.g. ``cp_comm_type`` without context parallelism), so they do not split the key.
+    """
+
+    batch_size: int = 1
+    max_seqlen_q: int = 128
+    max_seqlen_kv: int | None = None
+    num_heads: int = 16
+    num_gqa_groups: int | None = None
+    head_dim_qk: int = 64
+    head_dim_v: int | None = None
+    dtype: str = "bf16"
+    qkv_layout: str = "bshd_bshd_bshd"
+    attn_mask_type: str = "no_mask"
+    window_size: tuple[int, int] | None = None
+    bottom_right_diagonal: bool | None = None
+    bias_type: str = "no_bias"
+    bias_shape: str | None = None
+    bias_requires_grad: bool = False
+    alibi_slopes_shape: tuple[int, ...] | None = None
+    dropout: float = 0.0
+    softmax_type: str = "vanilla"
+    softcap: float = 0.0
+    is_training: bool = True
+    deterministic: bool = False
+    fp8: bool = False
+    fp8_recipe: str = "none"
+    fp8_mha: bool = False
+    fp8_output: bool = False
+    context_parallel: bool = False
+    cp_comm_type: str = "p2p"
+    cp_size: int = 1
+    pad_between_seqs: bool = False
+    kv_cache: bool = False
+    paged: bool = False
+    page_size: int = 0
+    num_splits: int = 1
+    return_max_logit: bool = False
+    cuda_graph: bool = False
+    has_score_mod: bool = False
+    has_score_mod_bprop: bool = False
+    checkpoint_core_attention: bool = False
+    softmax_scale: float | None = None
+
+    # ------------------------------------------------------------------ normalization
+    def __post_init__(self) -> None:  # noqa: C901 - one linear pass over the fields
+        s = object.__setattr__
+        for name in ("batch_size", "max_seqlen_q", "num_heads", "head_dim_qk"):
+            _int(name, getattr(self, name), 1)
+        s(self, "max_seqlen_kv", _int("max_seqlen_kv", self.max_seqlen_kv, 1)
+          if self.max_seqlen_kv is not None else self.max_seqlen_q)  # fmt: skip
+        s(self, "num_gqa_groups", _int("num_gqa_groups", self.num_gqa_groups, 1)
+          if self.num_gqa_groups is not None else self.num_heads)  # fmt: skip
+        s(self, "head_dim_v", _int("head_dim_v", self.head_dim_v, 1)
+          if self.head_dim_v is not None else self.head_dim_qk)  # fmt: skip
+        if self.num_heads % self.num_gqa_groups:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by "
+                f"num_gqa_groups={self.num_gqa_groups}"
+            )
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("qkv_layout", self.qkv_layout, QKV_LAYOUTS)
+        for name in ("bias_requires_grad", "is_training", "deterministic", "fp8", "fp8_mha",
+                     "fp8_output", "context_parallel", "pad_between_seqs", "kv_cache", "paged",
+                     "return_max_logit", "cuda_graph", "has_score_mod", "has_score_mod_bprop",
+                     "checkpoint_core_attention"):  # fmt: skip
+            _bool(name, getattr(self, name))
+
+        # Layout: packed layouts put q/k/v (3) or k/v (2) in one tensor, so shapes must agree.
+        group = layout_group(self.qkv_layout)
+        if "3" in group and (self.num_heads != self.num_gqa_groups
+                             or self.head_dim_qk != self.head_dim_v):  # fmt: skip
+            raise ValueError(
+                f"qkv_layout={self.qkv_layout} packs q, k and v in one tensor: it needs "
+                f"num_heads == num_gqa_groups and head_dim_qk == head_dim_v (got "
+                f"{self.num_heads}/{self.num_gqa_groups}, {self.head_dim_qk}/{self.head_dim_v})"
+            )
+        if "2" in group and self.head_dim_qk != self.head_dim_v:
+            raise ValueError(
+                f"qkv_layout={self.qkv_layout} packs k and v in one tensor: it needs "
+                f"head_dim_qk == head_dim_v (got {self.head_dim_qk}/{self.head_dim_v})"
+            )
+
+        # KV cache / paging. A paged_kv_ layout implies a paged KV cache.
+        if self.qkv_layout.startswith("paged_kv_"):
+            s(self, "paged", True)
+        if self.kv_cache and "3" in group:
+            raise _bad("qkv_layout", self.qkv_layout, "a KV cache needs separate q and k/v "
+                       "tensors (e.g. bshd_bshd_bshd or a paged_kv_ layout)")  # fmt: skip
+        if self.paged:
+            s(self, "kv_cache", True)
+            s(self, "page_size", _int("page_size", self.page_size, 1))
+        else:
+            _int("page_size", self.page_size, 0)
+            s(self, "page_size", 0)
+
+        # Mask, window, diagonal alignment (TE's DotProductAttention.forward rules).
+        mask = normalize_mask(self.attn_mask_type)
+        if self.kv_cache:
+            if "padding" not in mask:
+                raise _bad("attn_mask_type", mask, "KV caching requires a padding mask type")
+            if mask == "padding_causal":
+                mask = "padding_causal_bottom_right"
+        s(self, "attn_mask_type", mask)
+        s(self, "window_size", normalize_window(mask, self.window_size))
+        if mask in ("causal", "padding_causal"):
+            s(self, "bottom_right_diagonal", False)
+        elif mask in ("causal_bottom_right", "padding_causal_bottom_right"):
+            s(self, "bottom_right_diagonal", True)
+        elif self.bottom_right_diagonal is None:
+            s(self, "bottom_right_diagonal", True)
+        else:
+            _bool("bottom_right_diagonal", self.bottom_right_diagonal)
+
+        # Bias / ALiBi.
+        _choice("bias_type", self.bias_type, BIAS_TYPES)
+        if (
+            mask not in ("causal", "padding_causal")
+            and not self.has_window
+            and (self.bias_type != "alibi")
+        ):
+            # The diagonal alignment only matters for sliding windows and ALiBi.
+            s(self, "bottom_right_diagonal", True)
+        if self.bias_type in ("pre_scale_bias", "post_scale_bias") or (
+            self.bias_type == "alibi" and self.bias_shape is not None
+        ):
+            code = _choice("bias_shape", self.bias_shape or "1hss", BIAS_SHAPES)
+            s(self, "bias_shape", canonical_bias_shape(
+                code, self.batch_size, self.num_heads, self.max_seqlen_q))  # fmt: skip
+        else:
+            s(self, "bias_shape", None)
+        if self.bias_type != "alibi":
+            if self.alibi_slopes_shape is not None:
+                raise _bad("alibi_slopes_shape", self.alibi_slopes_shape,
+                           "only allowed with bias_type='alibi'")  # fmt: skip
+        elif self.alibi_slopes_shape is not None:
+            shp = self.alibi_slopes_shape
+            ints = isinstance(shp, (tuple, list)) and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in shp
+            )
+            if not ints or len(shp) not in (1, 2):
+                raise _bad("alibi_slopes_shape", shp, "expected [num_heads] or "
+                           "[batch_size, num_heads]")  # fmt: skip
+            shp = tuple(shp)
+            if shp not in ((self.num_heads,), (self.batch_size, self.num_heads)):
+                raise _bad("alibi_slopes_shape", shp, f"expected ({self.num_heads},) or "
+                           f"({self.batch_size}, {self.num_heads})")  # fmt: skip
+            s(self, "alibi_slopes_shape", shp)
+        if self.bias_shape is None:
+            s(self, "bias_requires_grad", False)
+
+        s(self, "dropout", _float("dropout", self.dropout, 0.0, 1.0))
+        _choice("softmax_type", self.softmax_type, SOFTMAX_TYPES)
+        s(self, "softcap", _float("softcap", self.softcap, 0.0, 1e30, hi_open=False))
+
+        # FP8: fp8_recipe != "none" <=> fp8; fp8_mha implies FP8 DPA; fp8 io dtypes need FP8.
+        _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.fp8_recipe != "none" or self.fp8_mha:
+            s(self, "fp8", True)
+        if self.fp8 and self.fp8_recipe == "none":
+            s(self, "fp8_recipe", "delayed")
+        if self.dtype in FP8_DTYPES and not self.fp8:
+            raise _bad("dtype", self.dtype, "FP8 inputs need fp8=True (FP8 dot-product attention)")
+        if not self.fp8:
+            s(self, "fp8_output", False)
+
+        # Context parallelism: cp_size > 1 <=> context_parallel.
+        _int("cp_size", self.cp_size, 1)
+        _choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
+        if self.cp_size > 1:
+            s(self, "context_parallel", True)
+        if not self.context_parallel:
+            s(self, "cp_comm_type", "p2p")
+            s(self, "cp_size", 1)
+
+        # pad_between_seqs only means something for thd.
+        if self.pad_between_seqs and "thd" not in (self.q_format, self.kv_format):
+            s(self, "pad_between_seqs", False)
+
+        _int("num_splits", self.num_splits, 1)
+        if self.softmax_scale is not None:
+            s(self, "softmax_scale", _float("softmax_scale", self.softmax_scale, 0.0, 1e30,
+                                            hi_open=False))  # fmt: skip
+            if self.softmax_scale == 0.0:
+                raise _bad("softmax_scale", 0.0, "expected a positive number or None (1/sqrt(d))")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def qkv_format(self) -> str:
+        return layout_formats(self.qkv_layout, self.kv_cache)[0]
+
+    @property
+    def q_format(self) -> str:
+        return layout_formats(self.qkv_layout, self.kv_cache)[1]
+
+    @property
+    def kv_format(self) -> str:
+        return layout_formats(self.qkv_layout, self.kv_cache)[2]
+
+    @property
+    def is_mla(self) -> bool:
+        """Different q/k and v head dims (multi-head latent attention style)."""
+        return self.head_dim_qk != self.head_dim_v
+
+    @property
+    def has_window(self) -> bool:
+        """A sliding window is active (TE: ``left != -1 or right not in (-1, 0)``)."""
+        left, right = self.window_size  # type: ignore[misc]
+        return left != -1 or right not in (-1, 0)
+
+    @property
+    def has_bias_tensor(self) -> bool:
+        return self.bias_shape is not None
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale actually used: ``softmax_scale`` or ``1/sqrt(head_dim_qk)``."""
+        return self.softmax_scale if self.softmax_scale is not None else self.head_dim_qk**-0.5
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of every field (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FusedAttnConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error naming them."""
+        if not isinstance(data, Mapping):
+            raise _bad("config", data, "expected a JSON object")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
+            )
+        kw = dict(data)
+        for name in ("window_size", "alibi_slopes_shape"):
+            if isinstance(kw.get(name), list):
+                kw[name] = tuple(kw[name])
+        return cls(**kw)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> FusedAttnConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config JSON is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def key(self) -> str:
+        """sha256 of the canonical JSON (schema version included): stable across processes."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            payload = json.dumps(
+                {"schema": CONFIG_SCHEMA, "config": self.to_dict()},
+                sort_keys=True, separators=(",", ":"), allow_nan=False,
+            )  # fmt: skip
+            cached = hashlib.sha256(payload.encode()).hexdigest()
+            object.__setattr__(self, "_key", cached)
+        return cached
+
+    def replace(self, **changes: Any) -> FusedAttnConfig:
+        """A copy with ``changes`` applied (normalized again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_attention_params(cls, params: Any) -> FusedAttnConfig:
+        """Build from TE's ``AttentionParams`` (any TE 2.x field set; duck-typed, no TE import).
+
+        Missing fields take TE's defaults. ``core_attention_bias_shape`` may be TE's string code
+        (<= 2.19) or a ``(b, h, sq, skv)`` tuple (2.20+).
+        """
+        g = getattr
+        fp8_meta = g(params, "fp8_meta", None) or {}
+        recipe = fp8_meta.get("recipe") if isinstance(fp8_meta, Mapping) else None
+        local = fp8_meta.get("local_recipes") if isinstance(fp8_meta, Mapping) else None
+        if local:
+            recipe = local[0]
+        fp8 = (
+            bool(g(params, "fp8", False))
+            and recipe is not None
+            and bool(
+                getattr(fp8_meta.get("recipe"), "fp8_dpa", False)
+                or getattr(recipe, "fp8_mha", False)
+            )
+        )
+        fp8_recipe = "none"
+        if fp8:
+            rname = type(recipe).__name__
+            if rname not in _RECIPE_CLASSES:
+                raise _bad("fp8_meta['recipe']", rname,
+                           "known recipes: " + ", ".join(_RECIPE_CLASSES))  # fmt: skip
+            fp8_recipe = _RECIPE_CLASSES[rname]
+        dtype = _dtype_name(g(params, "qkv_dtype", "torch.bfloat16"))
+        nominal = g(params, "nominal_dtype", None)
+        if dtype in FP8_DTYPES and not fp8:
+            # FP8 tensors outside an FP8 DPA region: TE treats them by their nominal dtype.
+            dtype = _dtype_name(nominal) if nominal is not None else dtype
+        inference = g(params, "inference_params", None)
+        num_heads = int(g(params, "num_heads", 16))
+        batch = int(g(params, "batch_size", 1))
+        bias_type = g(params, "core_attention_bias_type", "no_bias")
+        bias_shape = _bias_shape_code(
+            g(params, "core_attention_bias_shape", None), batch, num_heads,
+            int(g(params, "max_seqlen_q", 128)),
+        )  # fmt: skip
+        if bias_type == "no_bias":
+            bias_shape = None
+        elif bias_type in ("pre_scale_bias", "post_scale_bias") and bias_shape is None:
+            bias_shape = "1hss"
+        alibi = g(params, "alibi_slopes_shape", None)
+        window = g(params, "window_size", None)
+        scale = g(params, "softmax_scale", None)
+        return cls(
+            batch_size=batch,
+            max_seqlen_q=int(g(params, "max_seqlen_q", 128)),
+            max_seqlen_kv=int(g(params, "max_seqlen_kv", 128)),
+            num_heads=num_heads,
+            num_gqa_groups=int(g(params, "num_gqa_groups", 16)),
+            head_dim_qk=int(g(params, "head_dim_qk", 64)),
+            head_dim_v=int(g(params, "head_dim_v", 64)),
+            dtype=dtype,
+            qkv_layout=g(params, "qkv_layout", "sbh3d"),
+            attn_mask_type=g(params, "attn_mask_type", "no_mask"),
+            window_size=tuple(int(w) for w in window) if window is not None else None,
+            bottom_right_diagonal=g(params, "bottom_right_diagonal", True),
+            bias_type=bias_type,
+            bias_shape=bias_shape,
+            bias_requires_grad=bool(g(params, "core_attention_bias_requires_grad", False))
+            and bias_shape is not None,
+            alibi_slopes_shape=tuple(int(d) for d in alibi) if alibi is not None else None,
+            dropout=float(g(params, "attention_dropout", 0.0)),
+            softmax_type=g(params, "softmax_type", "vanilla"),
+            softcap=float(g(params, "softcap", 0.0) or 0.0),
+            is_training=bool(g(params, "is_training", True)),
+            deterministic=bool(g(params, "deterministic", False)),
+            fp8=fp8,
+            fp8_recipe=fp8_recipe,
+            fp8_mha=fp8 and bool(getattr(recipe, "fp8_mha", False)),
+            fp8_output=fp8 and bool(g(params, "fp8_output", False)),
+            context_parallel=bool(g(params, "context_parallel", False)),
+            cp_comm_type=g(params, "cp_comm_type", "p2p"),
+            cp_size=int(g(params, "cp_size", 1)),
+            pad_between_seqs=bool(g(params, "pad_between_seqs", False)),
+            kv_cache=inference is not None,
+            paged=bool(getattr(inference, "is_paged", False)),
+            page_size=int(getattr(inference, "page_size", 0) or 0)
+            if getattr(inference, "is_paged", False)
+            else 0,
+            num_splits=int(g(params, "num_splits", 1)),
+            return_max_logit=bool(g(params, "return_max_logit", False)),
+            cuda_graph=bool(g(params, "cuda_graph", False)),
+            has_score_mod=bool(g(params, "has_score_mod", False)),
+            has_score_mod_bprop=bool(g(params, "has_score_mod_bprop", False)),
+            checkpoint_core_attention=bool(g(params, "checkpoint_core_attention", False)),
+            # TE's AttentionParams default is 1.0 ("not given"); we keep None for "default".
+            softmax_scale=float(scale) if scale not in (None, 1.0) else None,
+        )
+
+    @classmethod
+    def from_tensors(cls, q: Any, k: Any, v: Any, qkv_format: str = "bshd", **kw: Any
+                     ) -> FusedAttnConfig:  # fmt: skip
+        """Build from q/k/v tensors in ``bshd``, ``sbhd`` or ``thd`` (needs ``cu_seqlens_q``).
+
+        For ``thd``, pass ``cu_seqlens_q`` / ``cu_seqlens_kv`` (1-D int tensors); the batch is
+        ``len(cu_seqlens_q) - 1`` and the max sequence lengths are read from them unless given.
+        """
+        fmt = _choice("qkv_format", qkv_format, ("bshd", "sbhd", "thd"))
+        cu_q = kw.pop("cu_seqlens_q", None)
+        cu_kv = kw.pop("cu_seqlens_kv", None)
+        dtype = _dtype_name(q.dtype)
+        if fmt == "thd":
+            if cu_q is None:
+                raise _bad("cu_seqlens_q", None, "qkv_format='thd' needs cu_seqlens_q")
+            cu_kv = cu_q if cu_kv is None else cu_kv
+            lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
+            lens_kv = (cu_kv[1:] - cu_kv[:-1]).tolist()
+            batch, sq, skv = len(lens_q), max(lens_q), max(lens_kv)
+            kw.setdefault("attn_mask_type", "padding")
+        elif fmt == "bshd":
+            batch, sq, skv = q.shape[0], q.shape[1], k.shape[1]
+        else:
+            sq, batch, skv = q.shape[0], q.shape[1], k.shape[0]
+        kw.setdefault("max_seqlen_q", int(sq))
+        kw.setdefault("max_seqlen_kv", int(skv))
+        return cls(
+            batch_size=int(batch),
+            num_heads=int(q.shape[-2]),
+            num_gqa_groups=int(k.shape[-2]),
+            head_dim_qk=int(q.shape[-1]),
+            head_dim_v=int(v.shape[-1]),
+            dtype=dtype,
+            qkv_layout=f"{fmt}_{fmt}_{fmt}",
+            **kw,
+        )
+
+
+def _dtype_name(dtype: Any) -> str:
+    text = str(dtype)
+    if text in DTYPES:
+        return text
+    if text in _TORCH_DTYPES:
+        return _TORCH_DTYPES[text]
+    raise _bad("dtype", text, "allowed: " + ", ".join(DTYPES) + " (or the torch dtypes)")
+
+
+def _bias_shape_code(shape: Any, batch: int, heads: int, sq: int) -> str | None:
+    """TE's bias shape, as a string code or a (b, h, sq, skv) tuple, -> one of BIAS_SHAPES."""
+    if shape is None or isinstance(shape, str):
+        return shape
+    b, h, s_q, _ = (int(x) for x in shape)
+    if b == batch and h == heads:
+        return "bhss"
+    if b == 1 and h == heads:
+        return "1hss"
+    if b == batch and h == 1:
+        return "b1ss"
+    if b == 1 and h == 1:
+        return "111s" if s_q == 1 and sq != 1 else "11ss"
+    allowed = "expected one of (b|1, h|1, sq|1, skv) shapes: " + ", ".join(BIAS_SHAPES)
+    raise _bad("core_attention_bias_shape", tuple(shape), allowed)
+
+
+def canonical_bias_shape(code: str, batch: int, heads: int, sq: int) -> str:
+    """One code per physical shape: with batch 1 ``bhss`` is ``1hss``, with one head ``1hss`` is
+    ``11ss``, and with ``max_seqlen_q == 1`` ``111s`` is ``11ss``."""
+    b, h = code[0], code[1]
+    if batch == 1:
+        b = "1"
+    if heads == 1:
+        h = "1"
+    if code == "111s":
+        return "11ss" if sq == 1 else code
+    return f"{b}{h}ss"
+
+
+__all__ = ["FusedAttnConfig", "CONFIG_SCHEMA", "normalize_window", "normalize_mask",
+           "layout_formats", "layout_group", "is_causal", "field"]  # fmt: skip

@@ -1,0 +1,209 @@
+"""Everything a user can say about the choice: NVTE_* switches, forcing, preferring, ordering.
+
+Environment variables are read with ``os.environ.get`` (torch.compile guards those reads).
+The policy never probes; it filters probe results and orders the survivors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from .probes.unfused import FP8_EMULATION_CODE
+from .reasons import BACKENDS, FLASH_FLAVOURS, ProbeResult, Reason
+
+#: Names accepted by ``force=``/``prefer()`` -> canonical candidate or flash flavour.
+ALIASES = {
+    "fused": "fused", "cudnn": "fused", "fusedattention": "fused",
+    "flash": "flash", "flashattention": "flash", "flash_attn": "flash",
+    "fa2": "fa2", "fa3": "fa3", "fa4": "fa4",
+    "flash_attn_2": "fa2", "flash_attn_3": "fa3", "flash_attn_4": "fa4",
+    "triton": "triton", "tritonflash": "triton", "tritonflashattention": "triton",
+    "unfused": "unfused", "unfuseddotproductattention": "unfused", "reference": "unfused",
+}  # fmt: skip
+
+#: Every variable a policy reads (os.environ.get, so torch.compile guards them).
+ENV_VARS = (
+    "NVTE_FLASH_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4",
+    "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_UnfusedDPA_Emulate_FP8", "TE_FL_ATTN_TRITON",
+    "TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER",
+)  # fmt: skip
+_FROM_ENV: dict[tuple, Policy] = {}
+_PREFER: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("prefer", default=())
+
+
+def canonical(name: str) -> str:
+    """Canonical candidate/flavour name; unknown names raise (never silently ignored)."""
+    key = name.strip().lower().replace("-", "_").replace(" ", "")
+    if key not in ALIASES:
+        raise ValueError(f"backend={name!r} is not known; allowed: {', '.join(sorted(ALIASES))}")
+    return ALIASES[key]
+
+
+def _flag(environ: Mapping[str, str], var: str, default: str = "1") -> bool:
+    raw = environ.get(var, default)
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not valid: expected 0 or 1") from None
+
+
+def _candidate(name: str) -> str:
+    return "flash" if name in FLASH_FLAVOURS else name
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A snapshot of the user's wishes. Hashable: it is part of the selector's memo key."""
+
+    flash: bool = True
+    fa2: bool = True
+    fa3: bool = True
+    fa4: bool = True
+    fused: bool = True
+    unfused: bool = True
+    triton: bool = True
+    unfused_fp8_emulation: bool = False
+    force: str | None = None
+    prefer: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.force is not None:
+            object.__setattr__(self, "force", canonical(self.force))
+        object.__setattr__(self, "prefer", tuple(canonical(p) for p in self.prefer))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Policy:
+        """Read TE's switches (NVTE_FLASH_ATTN[_V2/_V3/_V4], NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN,
+        NVTE_UnfusedDPA_Emulate_FP8) and ours (TE_FL_ATTN_TRITON, TE_FL_ATTN_FORCE,
+        TE_FL_ATTN_PREFER), plus any active :func:`prefer` context. Parsed policies are reused
+        for identical raw values, so the per-call cost is the env reads."""
+        env = os.environ if environ is None else environ
+        raw = (*(env.get(v) for v in ENV_VARS), _PREFER.get())
+        if not overrides:
+            hit = _FROM_ENV.get(raw)
+            if hit is not None:
+                return hit
+        values = {k: v for k, v in zip(ENV_VARS, raw[:-1], strict=True) if v is not None}
+        flash = _flag(values, "NVTE_FLASH_ATTN")
+        prefer = tuple(p for p in values.get("TE_FL_ATTN_PREFER", "").split(",") if p.strip())
+        kw: dict[str, object] = dict(
+            flash=flash,
+            fa2=flash and _flag(values, "NVTE_FLASH_ATTN_V2"),
+            fa3=flash and _flag(values, "NVTE_FLASH_ATTN_V3"),
+            fa4=flash and _flag(values, "NVTE_FLASH_ATTN_V4"),
+            fused=_flag(values, "NVTE_FUSED_ATTN"),
+            unfused=_flag(values, "NVTE_UNFUSED_ATTN"),
+            triton=flash and _flag(values, "TE_FL_ATTN_TRITON"),
+            unfused_fp8_emulation=_flag(values, "NVTE_UnfusedDPA_Emulate_FP8", "0"),
+            force=values.get("TE_FL_ATTN_FORCE") or None,
+            prefer=raw[-1] + prefer,
+        )
+        kw.update(overrides)
+        policy = cls(**kw)  # type: ignore[arg-type]
+        if not overrides:
+            if len(_FROM_ENV) > 256:
+                _FROM_ENV.clear()
+            _FROM_ENV[raw] = policy
+        return policy
+
+    def with_(self, **changes: object) -> Policy:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ filtering
+    def _disabled(self, name: str) -> Reason | None:
+        if getattr(self, name):
+            return None
+        var = {
+            "flash": "NVTE_FLASH_ATTN=0",
+            "fa2": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V2=0",
+            "fa3": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V3=0",
+            "fa4": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V4=0",
+            "fused": "NVTE_FUSED_ATTN=0",
+            "unfused": "NVTE_UNFUSED_ATTN=0",
+            "triton": "NVTE_FLASH_ATTN=0 or TE_FL_ATTN_TRITON=0",
+        }[name]
+        return Reason(f"policy.{name}_disabled", f"disabled by {var}", "policy",
+                      observed="0", limit="1", hint=f"unset {var.split(' or ')[-1]}")  # fmt: skip
+
+    def _waive(self, result: ProbeResult) -> ProbeResult:
+        """NVTE_UnfusedDPA_Emulate_FP8=1 lifts unfused's FP8 refusal."""
+        if not (self.unfused_fp8_emulation and result.backend == "unfused"):
+            return result
+        kept = tuple(r for r in result.reasons if r.code != FP8_EMULATION_CODE)
+        return dataclasses.replace(result, reasons=kept, supported=not kept)
+
+    def filter(self, result: ProbeResult) -> ProbeResult:
+        """The result as this policy sees it: env-disabled candidates refused (stage policy)."""
+        result = self._waive(result)
+        if result.backend == "flash":
+            variants = []
+            for v in result.variants:
+                why = self._disabled(v.backend)
+                if why is None and self.force in FLASH_FLAVOURS and v.backend != self.force:
+                    why = Reason("policy.not_forced", f"force={self.force} excludes {v.backend}",
+                                 "policy", observed=v.backend, limit=self.force)  # fmt: skip
+                variants.append(dataclasses.replace(v, supported=False, reasons=(why, *v.reasons))
+                                if why else v)  # fmt: skip
+            supported = any(v.supported for v in variants)
+            why = self._disabled("flash")
+            if why:
+                reasons: tuple[Reason, ...] = (why, *result.reasons)
+            elif supported:
+                reasons = ()
+            else:  # every flavour refused: keep the probe's reasons, add the policy's own
+                extra = [v.reasons[0] for v in variants if v.reasons and v.reasons[0].stage
+                         == "policy"]  # fmt: skip
+                reasons = (*extra, *result.reasons)
+            return dataclasses.replace(result, supported=supported and why is None,
+                                       reasons=reasons, variants=tuple(variants))  # fmt: skip
+        why = self._disabled(result.backend)
+        if why:
+            return dataclasses.replace(result, supported=False, reasons=(why, *result.reasons))
+        return result
+
+    # ------------------------------------------------------------------ ordering
+    def order(self, sm: int | None) -> tuple[str, ...]:
+        """TE's priority (sm >= 90: fused > flash > unfused; else flash > fused > unfused) with
+        Triton after flash-attn in the flash tier; preferred names first; a forced one alone."""
+        if self.force is not None:
+            return (_candidate(self.force),)
+        base = ["fused", "flash", "triton", "unfused"] if (sm or 0) >= 90 else \
+            ["flash", "triton", "fused", "unfused"]  # fmt: skip
+        front = []
+        for p in self.prefer:
+            c = _candidate(p)
+            if c not in front:
+                front.append(c)
+        return tuple(front + [b for b in base if b not in front])
+
+    def flavour(self, flash: ProbeResult) -> str | None:
+        """Which supported flash-attn flavour runs: a forced/preferred one, else FA4 > FA3 > FA2."""
+        wanted = [n for n in ((self.force,) if self.force else self.prefer)
+                  if n in FLASH_FLAVOURS]  # fmt: skip
+        ok = {v.backend for v in flash.variants if v.supported}
+        for name in (*wanted, "fa4", "fa3", "fa2"):
+            if name in ok:
+                return name
+        return None
+
+
+@contextlib.contextmanager
+def prefer(*names: str) -> Iterator[None]:
+    """Prefer these backends (in order) inside the block: ``with prefer("triton"): ...``."""
+    canon = tuple(canonical(n) for n in names)
+    token = _PREFER.set(canon + _PREFER.get())
+    try:
+        yield
+    finally:
+        _PREFER.reset(token)
+
+
+__all__ = ["Policy", "prefer", "canonical", "BACKENDS"]

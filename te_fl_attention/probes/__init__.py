@@ -1,0 +1,18 @@
+"""Candidate probes: one module per backend, each a rule stage followed by real probes."""
+
+from __future__ import annotations
+
+from .base import Probe
+
+
+def default_probes() -> tuple[Probe, ...]:
+    """The four candidates, in display order (fused, flash, triton, unfused)."""
+    from .cudnn import CudnnProbe
+    from .flash_attn import FlashAttnProbe
+    from .triton_flash import TritonFlashProbe
+    from .unfused import UnfusedProbe
+
+    return (CudnnProbe(), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe())
+
+
+__all__ = ["Probe", "default_probes"]

@@ -1,0 +1,730 @@
+"""FusedAttention (cuDNN): TE 2.20's Python-side filters and the shape of its support table.
+
+Two rule groups run here:
+
+* ``PYTHON_RULES`` mirror ``get_attention_backend``'s FusedAttention filters.
+* ``TABLE_RULES`` state the documented shape of ``nvte_get_fused_attn_backend``'s support table
+  by cuDNN version and sm. In TE 2.20.2 that query builds real cuDNN graphs; these rules are only
+  a prediction of it (stage ``rule``, codes ``cudnn_table.*``). The real graph-build probe runs
+  after them when cudnn-frontend is available.
+
+``fused_sub_backend`` names TE's sub-backend: 1 (F16_arbitrary_seqlen) or 2 (FP8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import FusedAttnConfig
+from ..device import DeviceProfile
+from ..reasons import Reason
+from .base import Rule, RuleProbe, cudnn_version, fmt_version, no_gpu, reject
+from .common import ALL_BACKENDS
+
+F16_ARBITRARY_SEQLEN = 1
+FP8 = 2
+
+
+def fused_sub_backend(c: FusedAttnConfig) -> int:
+    """TE's sub-backend for a supported config: FP8 (2) for FP8 inputs, else F16 (1)."""
+    return FP8 if c.dtype in ("fp8_e4m3", "fp8_e5m2") else F16_ARBITRARY_SEQLEN
+
+
+def _cv(d: DeviceProfile) -> tuple[int, int, int]:
+    return cudnn_version(d) or (0, 0, 0)
+
+
+def _r(code: str, message: str, observed: object, limit: object, hint: str | None = None
+       ) -> Reason:  # fmt: skip
+    return reject(f"fused.{code}", message, observed=observed, limit=limit, hint=hint)
+
+
+# ----------------------------------------------------------------------- Python-side filters
+def cudnn_present(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """FusedAttention needs cuDNN; TE reads its version with ``get_cudnn_version()``."""
+    if d.sm is not None and cudnn_version(d) is None:
+        return _r(
+            "cudnn_missing",
+            "cuDNN version unknown or cuDNN not installed",
+            None,
+            "cuDNN 9",
+            hint="pip install nvidia-cudnn-cu13 (or say --device NAME:cudnn=9.x)",
+        )
+    return None
+
+
+def sm80(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention for compute capability < sm80"."""
+    if d.sm is not None and d.sm < 80:
+        return _r(
+            "sm", f"FusedAttention needs compute capability >= sm80 (found sm{d.sm})", d.sm, ">= 80"
+        )
+    return None
+
+
+def dtype(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention for unsupported qkv_dtype" (bf16, fp16, float8_e4m3fn)."""
+    if c.dtype not in ("fp16", "bf16", "fp8_e4m3"):
+        return _r(
+            "dtype",
+            f"qkv_dtype = {c.dtype} is not supported by FusedAttention",
+            c.dtype,
+            "fp16, bf16, fp8_e4m3",
+            hint="use unfused attention for fp32",
+        )
+    return None
+
+
+def fp8_recipe(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's FP8 recipe filters: delayed (sm100 determinism), current scaling (sm100+, cuDNN
+    9.14, 9.18 deterministic), MXFP8 (sm100+, no fp8_mha, cuDNN 9.21, not 9.23.0/1, no thd),
+    block scaling and NVFP4 (never), and no FP8 at all on sm120."""
+    if not c.fp8:
+        return None
+    sm, cv, r = d.sm or 0, _cv(d), c.fp8_recipe
+    if sm == 120:
+        return _r("fp8_sm120", "FP8 attention is not supported on sm120", "sm120", "sm != 120")
+    if r == "delayed" and sm >= 100 and c.deterministic and cv < (9, 18, 0):
+        return _r(
+            "fp8_delayed_det",
+            "FP8 delayed scaling with determinism on sm >= 100 needs cuDNN 9.18.0",
+            fmt_version(cv),
+            ">= 9.18.0",
+        )
+    if r == "current":
+        if sm < 100:
+            return _r(
+                "fp8_current_sm",
+                f"FP8 current scaling needs sm >= 100 (found sm{sm})",
+                sm,
+                ">= 100",
+            )
+        if cv < (9, 14, 0):
+            return _r(
+                "fp8_current_cudnn",
+                "FP8 current scaling needs cuDNN 9.14.0",
+                fmt_version(cv),
+                ">= 9.14.0",
+            )
+        if c.deterministic and cv < (9, 18, 0):
+            return _r(
+                "fp8_current_det",
+                "deterministic FP8 current scaling needs cuDNN 9.18.0",
+                fmt_version(cv),
+                ">= 9.18.0",
+            )
+    if r == "mxfp8":
+        if sm < 100:
+            return _r("mxfp8_sm", f"MXFP8 needs sm >= 100 (found sm{sm})", sm, ">= 100")
+        if c.fp8_mha:
+            return _r("mxfp8_mha", "MXFP8 with fp8_mha=True is not supported", True, False)
+        if cv < (9, 21, 0):
+            return _r("mxfp8_cudnn", "MXFP8 needs cuDNN 9.21.0", fmt_version(cv), ">= 9.21.0")
+        if cv[:2] == (9, 23) and cv[2] in (0, 1):
+            return _r(
+                "mxfp8_cudnn_bug",
+                "MXFP8 is disabled on cuDNN 9.23.0/9.23.1 (known bugs)",
+                fmt_version(cv),
+                "not 9.23.0/9.23.1",
+            )
+        if c.qkv_format == "thd":
+            return _r(
+                "mxfp8_thd", "MXFP8 with qkv_format = thd is not supported", "thd", "bshd, sbhd"
+            )
+    if r in ("block", "nvfp4"):
+        return _r(
+            "fp8_recipe",
+            f"FP8 recipe {r} is not supported by FusedAttention",
+            r,
+            "delayed, current, mxfp8",
+        )
+    return None
+
+
+def num_splits(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention for num_splits"."""
+    if c.num_splits != 1:
+        return _r(
+            "num_splits",
+            f"num_splits = {c.num_splits} is not supported",
+            c.num_splits,
+            1,
+            hint="num_splits needs FlashAttention 3/4",
+        )
+    return None
+
+
+def softcap(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention as it does not support softcap"."""
+    if c.softcap != 0.0:
+        return _r("softcap", "softcap is not supported by FusedAttention", c.softcap, 0.0)
+    return None
+
+
+def score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention for score_mod because ..." (score_mod needs plain bf16/fp16
+    attention without masks, windows, bias, dropout, thd, KV cache, CP, FP8, max_logit...)."""
+    if not c.has_score_mod:
+        return None
+    why = []
+    if c.dtype not in ("fp16", "bf16"):
+        why.append(f"qkv_dtype = {c.dtype}")
+    if c.fp8:
+        why.append("FP8 attention")
+    if c.fp8_output:
+        why.append("fp8_output")
+    if c.kv_cache:
+        why.append("KV caching")
+    if c.context_parallel:
+        why.append("context parallelism")
+    if "thd" in (c.qkv_format, c.q_format, c.kv_format):
+        why.append("thd format")
+    if c.pad_between_seqs:
+        why.append("pad_between_seqs")
+    if c.attn_mask_type != "no_mask":
+        why.append(f"attn_mask_type = {c.attn_mask_type}")
+    if c.window_size != (-1, -1):
+        why.append(f"window_size = {c.window_size}")
+    if c.bias_type != "no_bias":
+        why.append(f"bias_type = {c.bias_type}")
+    if c.alibi_slopes_shape is not None:
+        why.append("ALiBi slopes")
+    if c.softmax_type != "vanilla":
+        why.append(f"softmax_type = {c.softmax_type}")
+    if c.dropout:
+        why.append(f"dropout = {c.dropout}")
+    if c.return_max_logit:
+        why.append("return_max_logit")
+    if c.checkpoint_core_attention:
+        why.append("checkpoint_core_attention")
+    if c.cuda_graph:
+        why.append("CUDA graph capture")
+    if c.num_splits != 1:
+        why.append(f"num_splits = {c.num_splits}")
+    if why:
+        return _r(
+            "score_mod",
+            "score_mod is not supported with " + "; ".join(why),
+            why,
+            "plain fp16/bf16 bshd/sbhd attention",
+        )
+    return None
+
+
+def kv_cache(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: KV caching is disabled on sm89/sm120, and with FP8."""
+    if not c.kv_cache:
+        return None
+    if d.sm in (89, 120):
+        return _r(
+            "kv_cache_sm", f"KV caching is disabled on sm{d.sm} (cuDNN bug)", d.sm, "not sm89/sm120"
+        )
+    if c.fp8:
+        return _r("kv_cache_fp8", "FP8 KV caching is not supported", True, False)
+    return None
+
+
+def mla_sm120_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: MLA backward on sm120 needs head_dim_qk <= 128 and % 8 == 0."""
+    if c.is_mla and d.sm == 120 and c.is_training and (c.head_dim_qk > 128 or c.head_dim_qk % 8):
+        return _r(
+            "mla_sm120",
+            f"MLA backward on sm120 with head_dim_qk = {c.head_dim_qk}",
+            c.head_dim_qk,
+            "<= 128 and % 8 == 0",
+        )
+    return None
+
+
+def thd_sm120(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: thd on sm120 needs cuDNN 9.18.1 and a layout other than t3hd/th3d."""
+    if "thd" not in (c.q_format, c.kv_format) or d.sm != 120:
+        return None
+    if _cv(d) < (9, 18, 1):
+        return _r(
+            "thd_sm120_cudnn", "thd on sm120 needs cuDNN 9.18.1", fmt_version(_cv(d)), ">= 9.18.1"
+        )
+    if c.qkv_layout in ("t3hd", "th3d"):
+        return _r(
+            "thd_sm120_layout",
+            f"qkv_layout = {c.qkv_layout} on sm120",
+            c.qkv_layout,
+            "not t3hd/th3d",
+        )
+    return None
+
+
+def softmax(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's softmax filters: non-vanilla in FP8 (sm100+ and cuDNN 9.21), with thd (cuDNN 9.18),
+    with context parallelism (a2a only)."""
+    if c.softmax_type == "vanilla":
+        return None
+    st, cv = c.softmax_type, _cv(d)
+    if c.fp8 and ((d.sm or 0) < 100 or cv < (9, 21, 0)):
+        return _r(
+            "softmax_fp8",
+            f"softmax_type = {st} in FP8 needs sm >= 100 and cuDNN 9.21",
+            (d.sm, fmt_version(cv)),
+            "sm >= 100, cuDNN >= 9.21",
+        )
+    if c.qkv_format == "thd" and cv < (9, 18, 0):
+        return _r(
+            "softmax_thd",
+            f"softmax_type = {st} with thd needs cuDNN 9.18",
+            fmt_version(cv),
+            ">= 9.18.0",
+        )
+    if c.context_parallel and c.cp_comm_type != "a2a":
+        return _r(
+            "softmax_cp",
+            f"softmax_type = {st} with context parallelism needs cp_comm_type = a2a",
+            c.cp_comm_type,
+            "a2a",
+        )
+    return None
+
+
+def context_parallel(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's context-parallel filter for FusedAttention (first match, as TE's elif chain)."""
+    if not c.context_parallel:
+        return None
+    m, ct = c.attn_mask_type, c.cp_comm_type
+    checks = (
+        ("bottom_right" in m, "cp_bottom_right", f"attn_mask_type = {m}"),
+        ("causal" in m and c.max_seqlen_q != c.max_seqlen_kv, "cp_causal_cross",
+         "causal masking for cross-attention"),
+        (c.bias_type not in ("no_bias", "post_scale_bias"), "cp_bias_type",
+         f"bias type {c.bias_type}"),
+        (c.qkv_format == "thd" and c.bias_type != "no_bias", "cp_thd_bias", "bias with thd"),
+        (c.fp8 and c.bias_type != "no_bias", "cp_fp8_bias", "FP8 attention and bias"),
+        (c.bias_type != "no_bias" and ct != "p2p", "cp_bias_comm",
+         f"bias and cp_comm_type = {ct}"),
+        (c.has_window and ct in ("p2p", "a2a+p2p"), "cp_window",
+         f"sliding window and cp_comm_type = {ct}"),
+        (ct in ("a2a", "a2a+p2p") and (c.num_heads % 2 or c.num_gqa_groups % 2), "cp_a2a_heads",
+         f"cp_comm_type = {ct} with an odd num_heads/num_gqa_groups"),
+    )  # fmt: skip
+    for hit, code, what in checks:
+        if hit:
+            return _r(
+                code,
+                f"context parallelism is not supported with {what}",
+                what,
+                "see TE's context-parallel support table",
+            )
+    return None
+
+
+def arbitrary_mask(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention for arbitrary mask"."""
+    if c.attn_mask_type == "arbitrary":
+        return _r(
+            "mask_arbitrary",
+            "arbitrary masks are only supported by unfused attention",
+            "arbitrary",
+            "no_mask, padding, causal variants",
+        )
+    return None
+
+
+def sliding_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's sliding-window filter: FP8 (sm100+ and cuDNN 9.21), no dropout, s_q <= s_kv."""
+    if not c.has_window:
+        return None
+    if c.fp8 and ((d.sm or 0) < 100 or _cv(d) < (9, 21, 0)):
+        return _r(
+            "window_fp8",
+            "sliding window in FP8 needs sm >= 100 and cuDNN 9.21",
+            (d.sm, fmt_version(_cv(d))),
+            "sm >= 100, cuDNN >= 9.21",
+        )
+    if c.dropout:
+        return _r(
+            "window_dropout",
+            "sliding window attention is only supported without dropout",
+            c.dropout,
+            0.0,
+        )
+    if c.max_seqlen_q > c.max_seqlen_kv:
+        return _r(
+            "window_sq_gt_skv",
+            "sliding window with s_q > s_kv is not supported",
+            (c.max_seqlen_q, c.max_seqlen_kv),
+            "s_q <= s_kv",
+        )
+    return None
+
+
+def _fused_bias(c: FusedAttnConfig) -> tuple[str, str | None, bool]:
+    """TE's rewrite for the fused query: ALiBi with slopes becomes a post_scale_bias."""
+    if c.bias_type == "alibi" and c.alibi_slopes_shape is not None:
+        shape = "1hss" if len(c.alibi_slopes_shape) == 1 else "bhss"
+        return "post_scale_bias", shape, False
+    return c.bias_type, c.bias_shape, c.bias_requires_grad
+
+
+def bias_111s_grad(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE (warning): "Disabling FusedAttention as dbias calculation is not supported for 111s"."""
+    btype, shape, grad = _fused_bias(c)
+    if btype == "post_scale_bias" and shape == "111s" and grad:
+        return _r(
+            "bias_111s_grad",
+            "dbias is not supported for bias shape 111s",
+            "111s + grad",
+            "111s without requires_grad",
+        )
+    return None
+
+
+def determinism(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's determinism filter: no sink softmax; FP8 training needs sm90 and cuDNN 9.19;
+    F16 training needs sm90 and no bias gradient; sm90 thd training limited to b*h*sq*skv < 2^30."""
+    if not c.deterministic:
+        return None
+    if c.softmax_type != "vanilla":
+        return _r(
+            "det_softmax",
+            f"deterministic FusedAttention with softmax_type = {c.softmax_type}",
+            c.softmax_type,
+            "vanilla",
+            hint="set NVTE_ALLOW_NONDETERMINISTIC_ALGO=1",
+        )
+    if not c.is_training:
+        return None
+    sm, cv = d.sm or 0, _cv(d)
+    if fused_sub_backend(c) == FP8:
+        if sm < 90 or cv < (9, 19, 0):
+            return _r(
+                "det_fp8",
+                "deterministic FP8 training needs sm >= 90 and cuDNN 9.19.0",
+                (sm, fmt_version(cv)),
+                "sm >= 90, cuDNN >= 9.19.0",
+            )
+        return None
+    _, _, grad = _fused_bias(c)
+    if sm < 90 or grad:
+        return _r(
+            "det_f16",
+            "deterministic F16 training needs sm >= 90 and no bias gradient",
+            (sm, grad),
+            "sm >= 90, bias_requires_grad=False",
+        )
+    if (
+        c.qkv_format == "thd"
+        and sm == 90
+        and (c.batch_size * c.num_heads * c.max_seqlen_q * c.max_seqlen_kv >= 1 << 30)
+    ):
+        return _r(
+            "det_thd_workspace",
+            "deterministic thd backward on sm90 needs b*h*s_q*s_kv < 2^30 (cuDNN workspace limit)",
+            c.batch_size * c.num_heads * c.max_seqlen_q * c.max_seqlen_kv,
+            "< 2^30",
+        )
+    return None
+
+
+PYTHON_RULES: tuple[Rule, ...] = (
+    no_gpu("FusedAttention"), cudnn_present, *ALL_BACKENDS, sm80, dtype, fp8_recipe, num_splits,
+    softcap, score_mod, kv_cache, mla_sm120_training, thd_sm120, softmax, context_parallel,
+    arbitrary_mask, sliding_window, bias_111s_grad,
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------ cuDNN support-table shape
+def _t(code: str, message: str, observed: object, limit: object, hint: str | None = None
+       ) -> Reason:  # fmt: skip
+    return reject(
+        f"cudnn_table.{code}",
+        message + " (predicted from TE's cuDNN support table)",
+        observed=observed,
+        limit=limit,
+        hint=hint,
+    )
+
+
+def table_arch(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """nvte_get_fused_attn_backend: F16 needs 80 <= sm < 100, or sm >= 100 with cuDNN 9.7;
+    FP8 needs sm >= 90; sm120 needs cuDNN 9.18.1; cuDNN 9.10.0/9.10.1 are excluded."""
+    sm, cv = d.sm or 0, _cv(d)
+    if cv < (9, 0, 0):
+        return _t("cudnn_old", "cuDNN older than 9.0", fmt_version(cv), ">= 9.0")
+    if cv[:2] == (9, 10) and cv[2] in (0, 1):
+        return _t(
+            "cudnn_9_10",
+            "cuDNN 9.10.0/9.10.1 are excluded for fused attention",
+            fmt_version(cv),
+            "not 9.10.0/9.10.1",
+            hint="use cuDNN 9.10.2+",
+        )
+    if fused_sub_backend(c) == FP8 and sm < 90:
+        return _t("fp8_sm", f"FP8 fused attention needs sm >= 90 (found sm{sm})", sm, ">= 90")
+    if sm >= 100 and cv < (9, 7, 0):
+        return _t("blackwell_cudnn", "sm >= 100 needs cuDNN 9.7", fmt_version(cv), ">= 9.7.0")
+    if sm == 120 and cv < (9, 18, 1):
+        return _t("sm120_cudnn", "sm120 needs cuDNN 9.18.1", fmt_version(cv), ">= 9.18.1")
+    return None
+
+
+def table_head_dim(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """F16 head dims: both % 8 == 0 and <= 128; <= 256 on sm90 (training cuDNN 9.5); any size
+    for inference on cuDNN 9.10.2+ (s_q > 1, or paged, or non-causal decode); (192, 128) training
+    on sm100+ (cuDNN 9.11); (256, 256) training on sm100-109 (cuDNN 9.23, 9.25 for thd); minus
+    the Hopper MLA backward bug (cuDNN 9.11+, dqk, dv >= 128, dqk != dv, not (192, 128))."""
+    dqk, dv, sm, cv = c.head_dim_qk, c.head_dim_v, d.sm or 0, _cv(d)
+    if fused_sub_backend(c) == FP8:
+        return _table_fp8_dims(c, d)
+    if dqk % 8 or dv % 8:
+        return _t(
+            "head_dim_align",
+            f"head dims ({dqk}, {dv}) must be multiples of 8",
+            (dqk, dv),
+            "% 8 == 0",
+            hint="pad the head dim to a multiple of 8",
+        )
+    train = c.is_training
+    ok = dqk <= 128 and dv <= 128
+    ok = ok or (sm == 90 and dqk <= 256 and dv <= 256 and cv >= ((9, 5, 0) if train else (9, 1, 0)))
+    ok = ok or (not train and sm >= 100 and cv >= (9, 9, 0) and c.max_seqlen_q > 1
+                and not c.paged)  # fmt: skip
+    ok = ok or (not train and cv >= (9, 10, 2) and (
+        c.paged or c.max_seqlen_q > 1
+        or c.attn_mask_type not in ("causal", "padding_causal")))  # fmt: skip
+    ok = ok or ((dqk, dv) == (192, 128) and train and sm >= 100 and cv >= (9, 11, 0))
+    ok = ok or ((dqk, dv) == (256, 256) and train and 100 <= sm < 110
+                and cv >= ((9, 25, 0) if c.qkv_format == "thd" else (9, 23, 0))
+                and not c.paged and c.bias_type == "no_bias" and not c.dropout
+                and c.softmax_type == "vanilla")  # fmt: skip
+    if not ok:
+        return _t("head_dim", f"head dims ({dqk}, {dv}) on sm{sm} with cuDNN {fmt_version(cv)} "
+                  f"({'training' if train else 'inference'})", (dqk, dv),
+                  "<= 128; <= 256 on sm90; larger for inference on cuDNN 9.10.2+")  # fmt: skip
+    if train and sm == 90 and cv >= (9, 11, 0) and dqk >= 128 and dv >= 128 and dqk != dv \
+            and (dqk, dv) != (192, 128):  # fmt: skip
+        return _t(
+            "hopper_mla_bwd",
+            f"MLA backward ({dqk}, {dv}) on sm90 hits a cuDNN bug",
+            (dqk, dv),
+            "dqk == dv, or (192, 128), or a dim < 128",
+        )
+    return None
+
+
+def _table_fp8_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """FP8 sub-backend: no bias; d % 16 == 0 and (sm < 100: inference d <= 256, training
+    d == 128; sm >= 100: d <= 128, or dqk <= 192 / dv <= 128 on cuDNN 9.21)."""
+    dqk, dv, sm, cv = c.head_dim_qk, c.head_dim_v, d.sm or 0, _cv(d)
+    if c.bias_type != "no_bias":
+        return _t("fp8_bias", "FP8 fused attention does not support bias", c.bias_type, "no_bias")
+    aligned = dqk % 16 == 0 and dv % 16 == 0
+    if sm < 100:
+        ok = aligned and ((not c.is_training and dqk <= 256 and dv <= 256)
+                          or (dqk == dv == 128))  # fmt: skip
+    else:
+        ok = aligned and ((dqk <= 128 and dv <= 128) or (cv >= (9, 21, 0) and dqk <= 192
+                                                         and dv <= 128))  # fmt: skip
+    if not ok:
+        return _t(
+            "fp8_head_dim",
+            f"FP8 head dims ({dqk}, {dv}) on sm{sm}",
+            (dqk, dv),
+            "% 16 == 0; sm90: 128 training, <= 256 inference; sm100: <= 128",
+        )
+    if c.return_max_logit:
+        return _t("fp8_max_logit", "FP8 fused attention does not return max_logit", True, False)
+    if c.qkv_format not in ("bshd", "sbhd") and not (cv >= (9, 21, 0) and c.qkv_format == "bhsd"):
+        return _t(
+            "fp8_format",
+            f"FP8 fused attention with qkv_format = {c.qkv_format}",
+            c.qkv_format,
+            "bshd, sbhd",
+        )
+    return None
+
+
+def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """Bias: never pre_scale_bias; ALiBi needs sm90 and a causal-type mask; post_scale_bias
+    never with padding masks."""
+    btype, _, _ = _fused_bias(c)
+    m = c.attn_mask_type
+    if btype == "pre_scale_bias":
+        return _t(
+            "pre_scale_bias",
+            "pre_scale_bias is not supported by cuDNN",
+            btype,
+            "no_bias, post_scale_bias, alibi",
+            hint="use post_scale_bias or unfused",
+        )
+    if btype == "alibi" and ((d.sm or 0) < 90 or m in ("no_mask", "padding", "padding_causal",
+                                                       "padding_causal_bottom_right")):  # fmt: skip
+        return _t(
+            "alibi",
+            f"ALiBi without slopes needs sm >= 90 and a non-padding causal mask "
+            f"(found {m} on sm{d.sm})",
+            (m, d.sm),
+            "causal or causal_bottom_right, sm90+",
+        )
+    if btype == "post_scale_bias" and m in ("padding", "padding_causal"):
+        return _t(
+            "bias_padding",
+            f"post_scale_bias with attn_mask_type = {m}",
+            m,
+            "no_mask or causal masks with a bias",
+        )
+    return None
+
+
+def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """Masks and formats: thd needs sm90 and a padding mask; mixed q/kv formats need cuDNN 9.7;
+    bottom-right masks need s_q <= s_kv; padding masks and bottom-right masks need no bias and
+    no dropout below cuDNN 9.7 ... as cumulated by cuDNN version in TE's table."""
+    m, cv, sm = c.attn_mask_type, _cv(d), d.sm or 0
+    thd = "thd" in (c.q_format, c.kv_format)
+    if thd and "padding" not in m:
+        return _t(
+            "thd_mask",
+            f"thd needs a padding mask type (found {m})",
+            m,
+            "padding, padding_causal, padding_causal_bottom_right",
+        )
+    if thd and sm < 90:
+        return _t("thd_sm", f"thd needs sm >= 90 (found sm{sm})", sm, ">= 90")
+    if thd and c.num_heads != c.num_gqa_groups and cv < (9, 6, 0):
+        return _t("thd_gqa", "thd with GQA/MQA needs cuDNN 9.6", fmt_version(cv), ">= 9.6.0")
+    if c.q_format != c.kv_format and cv < (9, 7, 0):
+        return _t(
+            "mixed_format", "different q and kv formats need cuDNN 9.7", fmt_version(cv), ">= 9.7.0"
+        )
+    if "bottom_right" in m and c.max_seqlen_q > c.max_seqlen_kv:
+        return _t(
+            "bottom_right_sq",
+            f"{m} with s_q = {c.max_seqlen_q} > s_kv = {c.max_seqlen_kv}",
+            (c.max_seqlen_q, c.max_seqlen_kv),
+            "s_q <= s_kv",
+        )
+    if (
+        cv < (9, 7, 0)
+        and ("bottom_right" in m or c.paged)
+        and (c.bias_type != "no_bias" or c.dropout)
+    ):
+        return _t(
+            "mask_bias_dropout",
+            f"{m} with bias or dropout needs cuDNN 9.7",
+            fmt_version(cv),
+            ">= 9.7.0",
+        )
+    if c.paged and "padding" not in m:
+        return _t("paged_mask", "paged KV cache needs a padding mask", m, "padding masks")
+    if c.softmax_type != "vanilla" and cv < (9, 13, 1):
+        return _t(
+            "softmax_cudnn",
+            f"softmax_type = {c.softmax_type} needs cuDNN 9.13.1",
+            fmt_version(cv),
+            ">= 9.13.1",
+        )
+    if c.return_max_logit and cv < (9, 21, 0):
+        return _t(
+            "max_logit_cudnn", "return_max_logit needs cuDNN 9.21", fmt_version(cv), ">= 9.21.0"
+        )
+    return None
+
+
+def table_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """Sliding windows: cuDNN 9.2 (left, 0) windows; 9.6 any (left, right) with no_mask, padding
+    or bottom-right masks; never with bias or dropout; s_q <= s_kv."""
+    if not c.has_window:
+        return None
+    cv, m = _cv(d), c.attn_mask_type
+    if cv < (9, 2, 0):
+        return _t("window_cudnn", "sliding window needs cuDNN 9.2", fmt_version(cv), ">= 9.2.0")
+    if c.bias_type != "no_bias":
+        return _t("window_bias", "sliding window with a bias", c.bias_type, "no_bias")
+    if c.window_size[1] not in (0, -1) and cv < (9, 6, 0):  # type: ignore[index]
+        return _t(
+            "window_right", "a window with right > 0 needs cuDNN 9.6", fmt_version(cv), ">= 9.6.0"
+        )
+    if m in ("causal", "padding_causal") and c.max_seqlen_q != c.max_seqlen_kv:
+        return _t(
+            "window_top_left_cross",
+            f"sliding window with top-left {m} for cross-attention",
+            m,
+            "bottom-right masks for s_q != s_kv",
+        )
+    return None
+
+
+def table_blackwell_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """sm >= 100 training: not dropout and bias together; deterministic needs cuDNN 9.18.1, no
+    dropout, no bias; sm120 deterministic training is never supported."""
+    if (d.sm or 0) < 100 or not c.is_training:
+        return None
+    has_bias = c.bias_type != "no_bias"
+    if d.sm == 120 and c.deterministic:
+        return _t("sm120_det", "deterministic training on sm120", True, False)
+    if c.deterministic and (_cv(d) < (9, 18, 1) or c.dropout or has_bias):
+        return _t(
+            "blackwell_det",
+            "deterministic training on sm >= 100 needs cuDNN 9.18.1, no dropout and no bias",
+            (fmt_version(_cv(d)), c.dropout, c.bias_type),
+            "cuDNN >= 9.18.1, dropout 0, no_bias",
+        )
+    if c.dropout and has_bias:
+        return _t(
+            "blackwell_dropout_bias",
+            "dropout together with bias on sm >= 100",
+            (c.dropout, c.bias_type),
+            "dropout or bias, not both",
+        )
+    return None
+
+
+def table_vetoes(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's vetoes: cuDNN 9.14.0 with s_kv > 1024, a left window and a non-causal mask; cuDNN <=
+    9.15.0 training bshd/sbhd with s_kv % 128 != 0, CUDA graphs and a non-padding mask."""
+    cv, m = _cv(d), c.attn_mask_type
+    if cv == (9, 14, 0) and c.max_seqlen_kv > 1024 and c.window_size[0] != -1 \
+            and "causal" not in m:  # type: ignore[index]  # fmt: skip
+        return _t(
+            "veto_9_14",
+            "cuDNN 9.14.0 bug: s_kv > 1024 with a left window",
+            "9.14.0",
+            "another cuDNN",
+        )
+    if cv <= (9, 15, 0) and c.is_training and c.qkv_format in ("bshd", "sbhd") \
+            and c.max_seqlen_kv % 128 and c.cuda_graph and "padding" not in m:  # fmt: skip
+        return _t(
+            "veto_cuda_graph",
+            "cuDNN <= 9.15.0 bug: CUDA graph training with s_kv % 128 != 0",
+            c.max_seqlen_kv,
+            "% 128 == 0 or cuDNN > 9.15.0",
+        )
+    return None
+
+
+def _known_device(rule: Rule) -> Rule:
+    """Table rules need a GPU and a cuDNN version (their absence is reported once, earlier)."""
+
+    def guarded(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        return rule(c, d) if d.sm is not None and cudnn_version(d) is not None else None
+
+    guarded.__name__, guarded.__doc__ = rule.__name__, rule.__doc__
+    return guarded
+
+
+TABLE_RULES: tuple[Rule, ...] = tuple(_known_device(r) for r in (
+    table_arch, table_head_dim, table_bias, table_mask_layout, table_window,
+    table_blackwell_training, table_vetoes,
+))  # fmt: skip
+
+
+class CudnnProbe(RuleProbe):
+    """The ``fused`` candidate. Rule stage only here; the cuDNN graph build plugs in after it."""
+
+    name = "fused"
+    RULES = (*PYTHON_RULES, *TABLE_RULES, determinism)
+
+    def probe(self, config: FusedAttnConfig, device: DeviceProfile):  # noqa: D102
+        result = super().probe(config, device)
+        if result.supported:
+            detail = {"sub_backend": fused_sub_backend(config), "cudnn": device.cudnn}
+            return dataclasses.replace(result, detail=detail)
+        return result

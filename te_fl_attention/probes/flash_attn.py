@@ -1,0 +1,534 @@
+"""FlashAttention (flash-attn 2, 3 and 4): TE 2.20's rule stage for each flavour.
+
+The candidate ``flash`` has three variants. Rules TE applies to "FlashAttention" as a whole
+(clearing its umbrella flag) are shared; each flavour adds its own. Precedence among supported
+flavours is TE's: FA4 > FA3 > FA2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from packaging.version import Version
+
+from ..config import FusedAttnConfig
+from ..device import DeviceProfile
+from ..reasons import DISPLAY_NAMES, ProbeResult, Reason
+from .base import Rule, evaluate, no_gpu, reject, version
+from .common import ALL_BACKENDS
+
+FA2_MIN = Version("2.1.1")
+FA2_MIN_BLACKWELL = Version("2.7.3")
+FA2_MAX = Version("2.8.4")  # exclusive, as in TE 2.20's FlashAttentionUtils.max_version
+FLAVOUR_FIELDS = {"fa2": "flash_attn", "fa3": "flash_attn_3", "fa4": "flash_attn_4"}
+PRECEDENCE = ("fa4", "fa3", "fa2")
+
+
+def _fa_version(d: DeviceProfile, flavour: str) -> Version | None:
+    v = version(d.version(FLAVOUR_FIELDS[flavour]))
+    if v is not None and flavour == "fa3":
+        v = Version(v.public)
+    return v
+
+
+# ------------------------------------------------------------------------- shared ("FA") rules
+def fp8_sm120(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention as FP8 is not supported for compute capability = sm120"."""
+    if c.fp8 and d.sm == 120:
+        return reject(
+            "fp8.sm120",
+            "FP8 attention is not supported on sm120",
+            observed="sm120",
+            limit="sm != 120 for FP8",
+        )
+    return None
+
+
+def max_logit(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for max_logit"."""
+    if c.return_max_logit:
+        return reject(
+            "max_logit.unsupported",
+            "return_max_logit is not supported by flash-attn",
+            observed=True,
+            limit=False,
+            hint="FusedAttention returns max_logit",
+        )
+    return None
+
+
+def score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for score_mod"."""
+    if c.has_score_mod:
+        return reject(
+            "score_mod.unsupported",
+            "score_mod is only supported by FusedAttention",
+            observed="score_mod",
+            limit="no score_mod",
+        )
+    return None
+
+
+def kv_cache_sm120(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for KV caching for sm120"."""
+    if c.kv_cache and d.sm == 120:
+        return reject(
+            "kv_cache.sm120",
+            "KV caching is disabled on sm120",
+            observed="sm120",
+            limit="sm != 120 with KV cache",
+        )
+    return None
+
+
+def softmax_type(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for softmax_type = %s"."""
+    if c.softmax_type != "vanilla":
+        return reject(
+            "softmax.unsupported",
+            f"softmax_type = {c.softmax_type} is not supported",
+            observed=c.softmax_type,
+            limit="vanilla",
+            hint="off-by-one/learnable softmax runs on FusedAttention or unfused",
+        )
+    return None
+
+
+def context_parallel(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's context-parallel filter for FlashAttention: FP8, bottom-right causal, causal
+    cross-attention, bias types other than no_bias/post_scale_bias, and bias with thd."""
+    if not c.context_parallel:
+        return None
+    m = c.attn_mask_type
+    why = None
+    if c.fp8:
+        why = ("cp.fp8", "FP8", "no FP8")
+    elif "bottom_right" in m:
+        why = ("cp.bottom_right", f"attn_mask_type = {m}", "no bottom-right masks")
+    elif "causal" in m and c.max_seqlen_q != c.max_seqlen_kv:
+        why = ("cp.causal_cross", "causal masking for cross-attention", "s_q == s_kv with causal")
+    elif c.bias_type not in ("no_bias", "post_scale_bias"):
+        why = ("cp.bias_type", f"bias type {c.bias_type}", "no_bias or post_scale_bias")
+    elif c.qkv_format == "thd" and c.bias_type != "no_bias":
+        why = ("cp.thd_bias", "attention bias with thd", "no bias with thd")
+    if why is None:
+        return None
+    return reject(
+        why[0], f"context parallelism is not supported with {why[1]}", observed=why[1], limit=why[2]
+    )
+
+
+def arbitrary_mask(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for arbitrary mask"."""
+    if c.attn_mask_type == "arbitrary":
+        return reject(
+            "mask.arbitrary",
+            "arbitrary masks are only supported by unfused attention",
+            observed="arbitrary",
+            limit="no_mask, padding, causal variants",
+        )
+    return None
+
+
+def causal_cross_top_left(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE (warning): flash-attn >= 2.1 only supports bottom-right causal for cross-attention."""
+    if c.attn_mask_type in ("causal", "padding_causal") and c.max_seqlen_q != c.max_seqlen_kv:
+        return reject(
+            "mask.causal_top_left_cross",
+            f"top-left {c.attn_mask_type} with s_q={c.max_seqlen_q} != "
+            f"s_kv={c.max_seqlen_kv}: flash-attn only aligns causal bottom-right",
+            observed=c.attn_mask_type,
+            limit="bottom-right causal when s_q != s_kv",
+            hint="use causal_bottom_right if that is what you mean",
+        )
+    return None
+
+
+def window_top_left_cross(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "only supports sliding window with bottom right diagonal alignment for
+    cross-attention"."""
+    if c.has_window and not c.bottom_right_diagonal and c.max_seqlen_q != c.max_seqlen_kv:
+        return reject(
+            "window.top_left_cross",
+            "sliding window with top-left alignment for cross-attention",
+            observed=f"window={c.window_size}, bottom_right_diagonal=False",
+            limit="bottom-right alignment when s_q != s_kv",
+        )
+    return None
+
+
+def bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention for pre/post_scale_bias" (also any bias tensor)."""
+    if c.bias_type not in ("no_bias", "alibi") or c.bias_shape is not None:
+        return reject(
+            "bias.unsupported",
+            f"{c.bias_type} (bias tensor {c.bias_shape}) is not supported by flash-attn",
+            observed=c.bias_type,
+            limit="no_bias or alibi",
+            hint="FusedAttention supports post_scale_bias; unfused supports both",
+        )
+    return None
+
+
+SHARED: tuple[Rule, ...] = (
+    no_gpu("FlashAttention"), *ALL_BACKENDS, fp8_sm120, max_logit, score_mod, kv_cache_sm120,
+    softmax_type, context_parallel, arbitrary_mask, causal_cross_top_left, window_top_left_cross,
+    bias,
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- helpers
+def _installed(flavour: str) -> Rule:
+    name = DISPLAY_NAMES[flavour]
+    dist = {"fa2": "flash-attn", "fa3": "flash-attn-3", "fa4": "flash-attn-4"}[flavour]
+
+    def installed(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        """TE drops flavours whose package is not installed (package metadata)."""
+        if _fa_version(d, flavour) is None:
+            stage = "import" if d.source == "local" else "rule"
+            where = "installed" if d.source == "local" else "assumed installed"
+            return reject(f"{flavour}.not_installed", f"{name} ({dist}) is not {where}",
+                          observed=None, limit=dist, stage=stage,
+                          hint=f"pip install {dist}" if flavour != "fa3" else
+                          "build flash-attn 3 from flash-attention/hopper")  # fmt: skip
+        return None
+
+    installed.__name__ = f"{flavour}_installed"
+    return installed
+
+
+def _simple(code: str, flavour: str, test, message: str, observed, limit, hint=None) -> Rule:
+    """Build a rule from a predicate; ``message``/``observed`` may use ``{c}``/``{d}``."""
+
+    def rule(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        if test(c, d):
+            fmt = {"c": c, "d": d}
+            obs = observed(c, d) if callable(observed) else observed
+            return reject(f"{flavour}.{code}", message.format(**fmt), observed=obs, limit=limit,
+                          hint=hint)  # fmt: skip
+        return None
+
+    rule.__name__ = f"{flavour}_{code.replace('.', '_')}"
+    return rule
+
+
+def _too_old(flavour: str, minimum: str, feature: str) -> Rule:
+    need = Version(minimum)
+
+    def rule(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        v = _fa_version(d, flavour)
+        if v is not None and v < need:
+            return reject(f"{flavour}.version", f"{feature} requires flash-attn {minimum}+",
+                          observed=str(v), limit=f">= {minimum}", hint=f"pip install "
+                          f"'flash-attn>={minimum}'")  # fmt: skip
+        return None
+
+    rule.__name__ = f"{flavour}_needs_{minimum.replace('.', '_')}"
+    return rule
+
+
+# ----------------------------------------------------------------------------- FlashAttention 2
+def fa2_version_range(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's backends.py: flash-attn 2 counts as installed only for 2.1.1 <= v < 2.8.4
+    (2.7.3+ on sm >= 100)."""
+    v = _fa_version(d, "fa2")
+    lo = FA2_MIN_BLACKWELL if (d.sm or 0) >= 100 else FA2_MIN
+    if v is not None and not (lo <= v < FA2_MAX):
+        return reject(
+            "fa2.version_range",
+            f"flash-attn {v} is outside TE's supported range",
+            observed=str(v),
+            limit=f">= {lo}, < {FA2_MAX}",
+            hint=f"pip install 'flash-attn>={lo},<{FA2_MAX}'",
+        )
+    return None
+
+
+def fa2_head_dim(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: FA2 pads to max(head_dim_qk, head_dim_v); needs %8 == 0, <= 256, and > 192 only on
+    sm80/90/100/120."""
+    p = max(c.head_dim_qk, c.head_dim_v)
+    if p > 256 or p % 8 or (p > 192 and d.sm not in (80, 90, 100, 120)):
+        return reject("fa2.head_dim", f"padded head_dim = {p} (head_dim_qk = {c.head_dim_qk}, "
+                      f"head_dim_v = {c.head_dim_v}) is not supported by FlashAttention 2 on "
+                      f"sm{d.sm}", observed=p,
+                      limit="%8 == 0 and <= 256 (> 192 needs sm80/90/100/120)",
+                      hint="FusedAttention supports larger head dims on recent cuDNN")  # fmt: skip
+    return None
+
+
+def fa2_softcap(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: softcap needs flash-attn >= 2.6.0 and no dropout while training."""
+    if c.softcap == 0.0:
+        return None
+    v = _fa_version(d, "fa2")
+    if v is not None and v < Version("2.6.0"):
+        return reject(
+            "fa2.softcap_version",
+            "softcap requires flash-attn 2.6.0+",
+            observed=str(v),
+            limit=">= 2.6.0",
+        )
+    if c.dropout and c.is_training:
+        return reject(
+            "fa2.softcap_dropout",
+            "softcap with dropout is rejected by flash-attn 2",
+            observed=f"dropout={c.dropout}",
+            limit="dropout = 0 with softcap",
+        )
+    return None
+
+
+def _fa2_versioned(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: sliding window needs 2.3+, ALiBi 2.4+, deterministic 2.4.1+ (paged 2.5+ above)."""
+    for needed, minimum, feature in (
+        (c.has_window, "2.3", "sliding window attention"),
+        (c.bias_type == "alibi", "2.4", "ALiBi"),
+        (c.deterministic, "2.4.1", "deterministic execution"),
+    ):
+        if needed:
+            reason = _too_old("fa2", minimum, feature)(c, d)
+            if reason:
+                return reason
+    return None
+
+
+def _fa2_paged_version(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FlashAttention 2 as paged attention requires flash-attn 2.5+"."""
+    return _too_old("fa2", "2.5", "paged attention")(c, d) if c.paged else None
+
+
+FA2: tuple[Rule, ...] = (
+    _installed("fa2"),
+    fa2_version_range,
+    _simple("sm", "fa2", lambda c, d: d.sm is not None and d.sm < 80,
+            "FlashAttention 2 needs compute capability >= sm80 (found sm{d.sm})",
+            lambda c, d: d.sm, ">= 80"),
+    _simple("dtype", "fa2", lambda c, d: c.dtype not in ("fp16", "bf16"),
+            "qkv_dtype = {c.dtype} is not supported by FlashAttention 2",
+            lambda c, d: c.dtype, "fp16, bf16"),
+    _simple("fp8", "fa2", lambda c, d: c.fp8, "FlashAttention 2 does not run FP8 attention",
+            lambda c, d: c.fp8_recipe, "no FP8"),
+    _simple("num_splits", "fa2", lambda c, d: c.num_splits != 1,
+            "num_splits = {c.num_splits} is not supported by FlashAttention 2",
+            lambda c, d: c.num_splits, 1, "num_splits needs FlashAttention 3/4"),
+    fa2_softcap,
+    _simple("page_size", "fa2", lambda c, d: c.paged and c.page_size % 256 != 0,
+            "paged KV cache page_size = {c.page_size} is not divisible by 256",
+            lambda c, d: c.page_size, "% 256 == 0"),
+    _fa2_paged_version,
+    _simple("kv_seqlen", "fa2",
+            lambda c, d: c.kv_cache and not c.paged and c.max_seqlen_kv % 256 != 0,
+            "non-paged KV cache with max_seqlen_kv = {c.max_seqlen_kv} not divisible by 256",
+            lambda c, d: c.max_seqlen_kv, "% 256 == 0"),
+    fa2_head_dim,
+    _simple("pad_between_seqs", "fa2", lambda c, d: c.pad_between_seqs,
+            "thd with padding between sequences is not supported by FlashAttention 2",
+            True, "pad_between_seqs=False", "FlashAttention 3 and FusedAttention support it"),
+    _simple("alibi_cross", "fa2",
+            lambda c, d: c.bias_type == "alibi" and not c.bottom_right_diagonal
+            and c.max_seqlen_q != c.max_seqlen_kv,
+            "ALiBi with top-left alignment for cross-attention is not supported",
+            "bottom_right_diagonal=False", "bottom-right alignment when s_q != s_kv"),
+)  # fmt: skip
+
+
+FA2 = (*FA2, _fa2_versioned)
+
+
+# ----------------------------------------------------------------------------- FlashAttention 3
+def fa3_head_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE's ``_is_fa3_supported``: head_dim_qk <= 256, h % hg == 0, MLA only as
+    (128, 192] x (96, 128] or (<= 64) x (<= 512), and dv > 256 only in fp16/bf16."""
+    dqk, dv = c.head_dim_qk, c.head_dim_v
+    ok = dqk <= 256 and c.num_heads % c.num_gqa_groups == 0
+    if ok and dqk != dv:
+        ok = (128 < dqk <= 192 and 96 < dv <= 128) or (dqk <= 64 and dv <= 512)
+        ok = ok and not (dv > 256 and c.dtype not in ("fp16", "bf16"))
+    if not ok:
+        return reject("fa3.head_dim", f"head dims ({dqk}, {dv}) are not supported by "
+                      "FlashAttention 3", observed=(dqk, dv),
+                      limit="dqk <= 256; MLA: (128,192]x(96,128] or <=64 x <=512")  # fmt: skip
+    return None
+
+
+FA3: tuple[Rule, ...] = (
+    _installed("fa3"),
+    _simple("sm", "fa3", lambda c, d: d.sm is not None and d.sm != 90,
+            "FlashAttention 3 needs compute capability sm90 (found sm{d.sm})",
+            lambda c, d: d.sm, "== 90"),
+    _simple("dtype", "fa3", lambda c, d: c.dtype not in ("fp16", "bf16", "fp8_e4m3"),
+            "qkv_dtype = {c.dtype} is not supported by FlashAttention 3",
+            lambda c, d: c.dtype, "fp16, bf16, fp8_e4m3"),
+    _simple("fp8_training", "fa3", lambda c, d: c.fp8 and c.is_training,
+            "FlashAttention 3 does not support FP8 training", "fp8 + is_training",
+            "FP8 inference only"),
+    _simple("fp8_recipe", "fa3", lambda c, d: c.fp8 and c.fp8_recipe not in ("delayed", "current"),
+            "FlashAttention 3 does not support the {c.fp8_recipe} FP8 recipe",
+            lambda c, d: c.fp8_recipe, "delayed, current"),
+    _simple("softcap", "fa3", lambda c, d: c.softcap != 0.0,
+            "softcap needs a softcap-capable FA3 build (not detectable from package metadata), "
+            "head_dim <= 256 and no context parallelism", lambda c, d: c.softcap, 0.0),
+    _simple("fp8_kv_cache", "fa3", lambda c, d: c.kv_cache and c.fp8 and c.q_format != "thd",
+            "FP8 KV caching with FlashAttention 3 needs thd queries",
+            lambda c, d: c.q_format, "thd"),
+    fa3_head_dims,
+    _simple("dropout", "fa3", lambda c, d: c.dropout != 0.0,
+            "FlashAttention 3 does not support dropout", lambda c, d: c.dropout, 0.0),
+    _simple("deterministic_d256", "fa3",
+            lambda c, d: c.deterministic and c.is_training
+            and max(c.head_dim_qk, c.head_dim_v) >= 256,
+            "deterministic backward with max(head_dim_qk, head_dim_v) >= 256",
+            lambda c, d: max(c.head_dim_qk, c.head_dim_v), "< 256 when deterministic"),
+    _simple("alibi", "fa3", lambda c, d: c.bias_type == "alibi",
+            "FlashAttention 3 does not support ALiBi", "alibi", "no alibi"),
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- FlashAttention 4
+def fa4_head_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE defers to flash-attn-4's ``_validate_head_dims`` (sm90: 8..256; sm100/110: <= 128,
+    (192, 128), (64|d, 512), (256, 256); dims divisible by 16 / element size). This rule states
+    those limits; the flash probe calls the installed validator when it can."""
+    dqk, dv = c.head_dim_qk, c.head_dim_v
+    align = 16 // (4 if c.dtype == "fp32" else 1 if c.dtype in ("fp8_e4m3", "fp8_e5m2") else 2)
+    major = (d.sm or 0) // 10
+    aligned = dqk % align == 0 and dv % align == 0
+    if major == 9:
+        ok = 8 <= dqk <= 256 and 8 <= dv <= 256 and aligned
+    elif major in (10, 11):
+        ok = aligned and (
+            (8 <= dqk <= 128 and 8 <= dv <= 128)
+            or (dqk, dv) in ((192, 128), (256, 256))
+            or ((dqk == 64 or dqk == dv) and dv == 512)
+        )
+    else:
+        ok = True
+    if not ok:
+        return reject("fa4.head_dim", f"head dims ({dqk}, {dv}) are not supported by "
+                      f"FlashAttention 4 on sm{d.sm}", observed=(dqk, dv),
+                      limit="sm90: 8..256; sm100: <=128, (192,128), (256,256), (64,512); "
+                      f"divisible by {align}")  # fmt: skip
+    return None
+
+
+def fa4_mla_backward_bug(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: SM100 backward kernel bug with MLA head dims (dK_reduce_ncol misalignment for dV)."""
+    if not (c.is_training and c.is_mla and c.head_dim_qk >= 128 and 100 <= (d.sm or 0) < 120):
+        return None
+    tile, tile_v = math.ceil(c.head_dim_qk / 16) * 16, math.ceil(c.head_dim_v / 16) * 16
+    ncol = math.gcd(32, tile // 2)
+    if (tile_v // 2) % ncol:
+        return reject("fa4.mla_backward", "SM100 backward kernel bug for MLA head dims "
+                      f"({c.head_dim_qk}, {c.head_dim_v})", observed=(c.head_dim_qk, c.head_dim_v),
+                      limit=f"(ceil16(dv)/2) % {ncol} == 0")  # fmt: skip
+    return None
+
+
+def _sm100(d: DeviceProfile) -> bool:
+    return 100 <= (d.sm or 0) < 120
+
+
+FA4: tuple[Rule, ...] = (
+    _installed("fa4"),
+    _simple("sm", "fa4", lambda c, d: d.sm is not None and d.sm < 90,
+            "FlashAttention 4 needs compute capability >= sm90 (found sm{d.sm})",
+            lambda c, d: d.sm, ">= 90"),
+    _simple("prefer_fa3", "fa4", lambda c, d: d.sm == 90 and d.flash_attn_3 is not None,
+            "on sm90 TE prefers FlashAttention 3, which is installed", "flash-attn-3 installed",
+            "FA3 absent on sm90"),
+    _simple("dtype", "fa4", lambda c, d: c.dtype not in ("fp16", "bf16"),
+            "qkv_dtype = {c.dtype} is not supported by FlashAttention 4",
+            lambda c, d: c.dtype, "fp16, bf16"),
+    _simple("fp8", "fa4", lambda c, d: c.fp8, "FlashAttention 4 does not run FP8 attention",
+            lambda c, d: c.fp8_recipe, "no FP8"),
+    _simple("num_splits", "fa4", lambda c, d: c.num_splits != 1 and (d.sm or 0) < 100,
+            "num_splits on sm < 100 is not supported by FlashAttention 4",
+            lambda c, d: c.num_splits, "1 below sm100"),
+    _simple("softcap", "fa4", lambda c, d: c.softcap != 0.0,
+            "TE does not pass softcap to FlashAttention 4", lambda c, d: c.softcap, 0.0),
+    _simple("kv_cache", "fa4", lambda c, d: c.kv_cache,
+            "FlashAttention 4 does not support KV cache", True, "no KV cache"),
+    fa4_head_dims,
+    _simple("d512_sm100", "fa4", lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 512,
+            "symmetric head_dim = 512 is not supported on SM100/SM110", 512, "!= (512, 512)"),
+    _simple("d256_cross_sm100", "fa4",
+            lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 256
+            and c.max_seqlen_q != c.max_seqlen_kv,
+            "head_dim = 256 cross-attention (s_q != s_kv) is not supported on SM100",
+            lambda c, d: (c.max_seqlen_q, c.max_seqlen_kv), "s_q == s_kv"),
+    fa4_mla_backward_bug,
+    _simple("pad_between_seqs", "fa4", lambda c, d: c.pad_between_seqs,
+            "thd with padding between sequences is not supported by FlashAttention 4",
+            True, "pad_between_seqs=False"),
+    _simple("dropout", "fa4", lambda c, d: c.dropout != 0.0,
+            "FlashAttention 4 does not support dropout", lambda c, d: c.dropout, 0.0),
+    _simple("cp_comm_type", "fa4",
+            lambda c, d: c.context_parallel and c.cp_comm_type not in ("p2p", "all_gather", "a2a"),
+            "context parallelism with cp_comm_type = {c.cp_comm_type}",
+            lambda c, d: c.cp_comm_type, "p2p, all_gather, a2a"),
+    _simple("window_d256_sm100", "fa4",
+            lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 256 and c.has_window,
+            "sliding window with head_dim = 256 is not supported on SM100",
+            lambda c, d: c.window_size, "no window at head_dim 256"),
+    _simple("alibi", "fa4", lambda c, d: c.bias_type == "alibi",
+            "FlashAttention 4 does not support ALiBi", "alibi", "no alibi"),
+)  # fmt: skip
+
+FLAVOUR_RULES: dict[str, tuple[Rule, ...]] = {"fa2": FA2, "fa3": FA3, "fa4": FA4}
+
+
+class FlashAttnProbe:
+    """The ``flash`` candidate: one variant result per flavour, TE's precedence among them."""
+
+    name = "flash"
+
+    def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
+        return list(self.probe(config, device).reasons)
+
+    def variant(self, flavour: str, config: FusedAttnConfig, device: DeviceProfile,
+                shared: list[Reason]) -> ProbeResult:  # fmt: skip
+        own = evaluate(FLAVOUR_RULES[flavour], config, device)
+        v = _fa_version(device, flavour)
+        return ProbeResult(
+            backend=flavour,
+            supported=not shared and not own,
+            reasons=tuple(shared + own),
+            stage="import" if own and own[0].stage == "import" else "rule",
+            evidence="rules",
+            detail={"version": str(v) if v else None},
+        )
+
+    def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        t0 = time.perf_counter()
+        shared = evaluate(SHARED, config, device)
+        variants = tuple(self.variant(f, config, device, shared) for f in PRECEDENCE)
+        chosen = next((v for v in variants if v.supported), None)
+        if chosen is not None:
+            reasons: tuple[Reason, ...] = ()
+        else:
+            seen: set[tuple[str, str]] = set()
+            merged = []
+            for r in shared:
+                seen.add((r.code, r.message))
+                merged.append(r)
+            for v in variants:
+                for r in v.reasons:
+                    if (r.code, r.message) not in seen:
+                        seen.add((r.code, r.message))
+                        merged.append(r)
+            reasons = tuple(merged)
+        return ProbeResult(
+            backend="flash",
+            supported=chosen is not None,
+            reasons=reasons,
+            stage="rule",
+            evidence="rules",
+            elapsed_ms=(time.perf_counter() - t0) * 1e3,
+            detail={
+                "variant": chosen.backend if chosen else None,
+                "version": chosen.detail.get("version") if chosen else None,
+            },
+            variants=variants,
+        )

@@ -1,0 +1,204 @@
+"""Structured verdicts: `Reason`, `ProbeResult`, `Decision`, `NoBackendError`.
+
+Everything here is plain data with a JSON form (``to_dict``/``from_dict``); formatting for humans
+lives in :mod:`te_fl_attention.explain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import FusedAttnConfig
+    from .device import DeviceProfile
+
+#: Stages in the order a candidate passes through them.
+STAGES = ("policy", "rule", "import", "graph_build", "compile", "run", "numerics", "measure")
+
+#: Candidate backends, in display order. Flash flavours are variants of ``flash``.
+BACKENDS = ("fused", "flash", "triton", "unfused")
+FLASH_FLAVOURS = ("fa2", "fa3", "fa4")
+DISPLAY_NAMES = {
+    "fused": "FusedAttention",
+    "flash": "FlashAttention",
+    "triton": "TritonFlashAttention",
+    "unfused": "UnfusedDotProductAttention",
+    "fa2": "FlashAttention 2",
+    "fa3": "FlashAttention 3",
+    "fa4": "FlashAttention 4",
+}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a candidate is refused (or a note on why it was accepted).
+
+    ``code`` is stable (``head_dim.too_large``); ``message`` is a sentence with the observed value
+    and the limit; ``stage`` is the step that produced it (see :data:`STAGES`).
+    """
+
+    code: str
+    message: str
+    stage: str = "rule"
+    observed: Any = None
+    limit: Any = None
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "stage": self.stage,
+            "observed": _jsonable(self.observed),
+            "limit": _jsonable(self.limit),
+            "hint": self.hint,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reason:
+        return cls(
+            code=str(d["code"]),
+            message=str(d["message"]),
+            stage=str(d.get("stage", "rule")),
+            observed=d.get("observed"),
+            limit=d.get("limit"),
+            hint=d.get("hint"),
+        )
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One candidate's verdict on one (config, device).
+
+    ``stage`` is the furthest stage reached; ``evidence`` names what decided (``"rules"``,
+    ``"cudnn 9.28.1 graph"``...); ``variants`` holds sub-results (the flash-attn flavours).
+    """
+
+    backend: str
+    supported: bool
+    reasons: tuple[Reason, ...] = ()
+    stage: str = "rule"
+    evidence: str = "rules"
+    elapsed_ms: float = 0.0
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    variants: tuple[ProbeResult, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "supported": self.supported,
+            "reasons": [r.to_dict() for r in self.reasons],
+            "stage": self.stage,
+            "evidence": self.evidence,
+            "elapsed_ms": self.elapsed_ms,
+            "detail": _jsonable(dict(self.detail)),
+            "variants": [v.to_dict() for v in self.variants],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeResult:
+        return cls(
+            backend=str(d["backend"]),
+            supported=bool(d["supported"]),
+            reasons=tuple(Reason.from_dict(r) for r in d.get("reasons", ())),
+            stage=str(d.get("stage", "rule")),
+            evidence=str(d.get("evidence", "rules")),
+            elapsed_ms=float(d.get("elapsed_ms", 0.0)),
+            detail=dict(d.get("detail") or {}),
+            variants=tuple(cls.from_dict(v) for v in d.get("variants", ())),
+        )
+
+    @property
+    def display_name(self) -> str:
+        return DISPLAY_NAMES.get(self.backend, self.backend)
+
+    def chosen_variant(self) -> ProbeResult | None:
+        """The flavour a supported multi-flavour candidate would run (``detail['variant']``)."""
+        name = self.detail.get("variant")
+        return next((v for v in self.variants if v.backend == name), None)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The selector's answer: every candidate's result, the order considered and the winner.
+
+    ``chosen`` is ``None`` when no candidate is supported; ``source`` says where the results came
+    from (``probe``, ``memo``, ``cache``).
+    """
+
+    config: FusedAttnConfig
+    device: DeviceProfile
+    chosen: str | None
+    results: tuple[ProbeResult, ...]
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "probe"
+    order: tuple[str, ...] = ()
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def result(self, backend: str) -> ProbeResult:
+        for r in self.results:
+            if r.backend == backend:
+                return r
+            for v in r.variants:
+                if v.backend == backend:
+                    return v
+        raise KeyError(f"no result for backend {backend!r}")
+
+    @property
+    def chosen_result(self) -> ProbeResult | None:
+        return self.result(self.chosen) if self.chosen else None
+
+    @property
+    def flash_variant(self) -> str | None:
+        """The flash-attn flavour (``fa2``/``fa3``/``fa4``) when ``flash`` is chosen."""
+        if self.chosen != "flash":
+            return None
+        return self.result("flash").detail.get("variant")
+
+    @property
+    def available(self) -> tuple[str, ...]:
+        """Every supported candidate, in the policy's order."""
+        ok = {r.backend for r in self.results if r.supported}
+        return tuple(b for b in self.order if b in ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "config_key": self.config.key(),
+            "device": self.device.to_dict(),
+            "chosen": self.chosen,
+            "flash_variant": self.flash_variant,
+            "order": list(self.order),
+            "results": [r.to_dict() for r in self.results],
+            "policy": _jsonable(dict(self.policy)),
+            "source": self.source,
+            "detail": _jsonable(dict(self.detail)),
+        }
+
+
+class NoBackendError(RuntimeError):
+    """No candidate supports the config; the message lists every candidate's reasons."""
+
+    def __init__(self, decision: Decision, message: str | None = None):
+        self.decision = decision
+        if message is None:
+            lines = [f"no attention backend supports this config on {decision.device.name}:"]
+            for r in decision.results:
+                for reason in r.reasons:
+                    lines.append(f"  {r.display_name}: [{reason.stage}] {reason.message}")
+            message = "\n".join(lines)
+        super().__init__(message)

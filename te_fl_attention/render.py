@@ -1,0 +1,93 @@
+"""Human and JSON renderings of a `Decision` (rich is imported here, lazily)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from .reasons import Decision, ProbeResult, Reason
+
+
+def to_json(decision: Decision, indent: int | None = 2) -> str:
+    """The decision as JSON (the same content the table shows)."""
+    return json.dumps(decision.to_dict(), indent=indent, sort_keys=False)
+
+
+def _reason_text(r: Reason) -> str:
+    text = f"[{r.stage}] {r.message}"
+    if r.limit is not None and str(r.limit) not in r.message:
+        text += f" (limit: {r.limit})"
+    if r.hint:
+        text += f"\n    hint: {r.hint}"
+    return text
+
+
+def _verdict(result: ProbeResult, chosen: str | None, variant: str | None) -> str:
+    if result.backend in (chosen, variant):
+        return "CHOSEN"
+    return "supported" if result.supported else "refused"
+
+
+def rows(decision: Decision) -> list[tuple[str, str, str, str]]:
+    """(candidate, verdict, stage, reasons) rows, flash flavours indented under flash."""
+    out = []
+    variant = decision.detail.get("flash_variant")
+    by_name = {r.backend: r for r in decision.results}
+    for name in decision.order or tuple(by_name):
+        if name not in by_name:
+            continue
+        r = by_name[name]
+        label = r.display_name
+        if r.backend == "fused" and r.supported and r.detail.get("sub_backend") is not None:
+            label += f" (sub-backend {r.detail['sub_backend']})"
+        shown = r.reasons
+        if r.backend == "flash":
+            shown = tuple(x for x in r.reasons if not x.code.startswith(("fa2.", "fa3.", "fa4.")))
+        out.append((label, _verdict(r, decision.chosen, None), r.stage,
+                    "\n".join(_reason_text(x) for x in shown)))  # fmt: skip
+        shared = {(x.code, x.message) for x in shown}
+        for v in r.variants:
+            own = [x for x in v.reasons if (x.code, x.message) not in shared]
+            ver = v.detail.get("version")
+            label = f"  └ {v.display_name}" + (f" {ver}" if ver else "")
+            verdict = _verdict(v, decision.chosen, variant if decision.chosen == "flash" else None)
+            out.append((label, verdict, v.stage, "\n".join(_reason_text(x) for x in own)))
+    return out
+
+
+def render(decision: Decision, file: TextIO | None = None, width: int | None = None) -> None:
+    """Print the decision as a table: every candidate, its verdict, stage and reasons."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file, width=width, soft_wrap=False)
+    dev = decision.device
+    title = f"Attention backend on {dev.name} (sm{dev.sm if dev.sm is not None else ' none'})"
+    table = Table(title=title, show_lines=True)
+    for col in ("candidate", "verdict", "stage", "reasons"):
+        table.add_column(col, overflow="fold")
+    from rich.markup import escape
+
+    styles = {"CHOSEN": "bold green", "supported": "green", "refused": "red"}
+    for label, verdict, stage, reasons in rows(decision):
+        table.add_row(escape(label), f"[{styles[verdict]}]{verdict}[/]", stage, escape(reasons))
+    console.print(table)
+    chosen = decision.chosen_result
+    if chosen is None:
+        console.print("[bold red]no backend supports this config[/]")
+    else:
+        extra = ""
+        if decision.detail.get("flash_variant"):
+            extra = f" via {decision.result(decision.detail['flash_variant']).display_name}"
+        console.print(f"chosen: [bold]{chosen.display_name}[/]{extra}")
+    console.print(f"order considered: {' > '.join(decision.order)}")
+    console.print(f"config key: {decision.config.key()}  (source: {decision.source})")
+
+
+def summary(decision: Decision) -> dict[str, Any]:
+    """A compact dict: chosen backend and one short reason per refused candidate."""
+    return {
+        "chosen": decision.chosen,
+        "flash_variant": decision.detail.get("flash_variant"),
+        "refused": {r.backend: r.reasons[0].message for r in decision.results if r.reasons},
+    }

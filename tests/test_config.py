@@ -1,0 +1,310 @@
+"""FusedAttnConfig: normalization as TE does it, validation, round trips, key stability."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from te_fl_attention.config import (
+    BIAS_SHAPES,
+    BIAS_TYPES,
+    CP_COMM_TYPES,
+    DTYPES,
+    FP8_RECIPES,
+    MASK_TYPES,
+    QKV_LAYOUTS,
+    SOFTMAX_TYPES,
+    FusedAttnConfig,
+    layout_formats,
+)
+
+C = FusedAttnConfig
+
+
+# ----------------------------------------------------------------------------- normalization
+@pytest.mark.parametrize(
+    "given_mask, mask",
+    [("causal,padding", "padding_causal"), ("padding,causal", "padding_causal"),
+     ("causal_padding", "padding_causal"), ("causal", "causal")],
+)  # fmt: skip
+def test_mask_spellings(given_mask, mask):
+    assert C(attn_mask_type=given_mask).attn_mask_type == mask
+    assert C(attn_mask_type=given_mask).key() == C(attn_mask_type=mask).key()
+
+
+@pytest.mark.parametrize(
+    "mask, window, expected",
+    [
+        ("causal", None, (-1, 0)),
+        ("causal", (-1, -1), (-1, 0)),
+        ("causal", (128, 128), (128, 0)),
+        ("causal_bottom_right", (4, -1), (4, 0)),
+        ("no_mask", None, (-1, -1)),
+        ("no_mask", (-1, 0), (-1, -1)),
+        ("padding", (4, 4), (4, 4)),
+        ("arbitrary", None, (-1, -1)),
+    ],
+)
+def test_window_normalization_mirrors_check_set_window_size(mask, window, expected):
+    assert C(attn_mask_type=mask, window_size=window).window_size == expected
+
+
+@pytest.mark.parametrize("mask, window", [("causal", (-2, 0)), ("causal", (-1, 3)),
+                                          ("no_mask", (-1, 4)), ("padding", (3, -2))])  # fmt: skip
+def test_window_invalid(mask, window):
+    with pytest.raises(ValueError, match="window_size"):
+        C(attn_mask_type=mask, window_size=window)
+
+
+def test_bottom_right_diagonal_follows_mask():
+    assert C(attn_mask_type="causal", bottom_right_diagonal=True).bottom_right_diagonal is False
+    assert C(attn_mask_type="causal_bottom_right", bottom_right_diagonal=False
+             ).bottom_right_diagonal is True  # fmt: skip
+    # Only matters for windows and ALiBi: elsewhere it is normalized away (one key).
+    assert C(bottom_right_diagonal=False).key() == C(bottom_right_diagonal=True).key()
+    w = dict(window_size=(8, 8), max_seqlen_kv=256)
+    assert C(bottom_right_diagonal=False, **w).bottom_right_diagonal is False
+    assert C(bottom_right_diagonal=False, **w).key() != C(bottom_right_diagonal=True, **w).key()
+
+
+def test_kv_cache_turns_padding_causal_bottom_right():
+    c = C(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=64, attn_mask_type="padding_causal")
+    assert c.paged and c.kv_cache and c.attn_mask_type == "padding_causal_bottom_right"
+    with pytest.raises(ValueError, match="padding"):
+        C(kv_cache=True, attn_mask_type="causal")
+
+
+def test_irrelevant_fields_do_not_split_the_key():
+    base = C()
+    assert C(cp_comm_type="a2a").key() == base.key()  # no context parallelism
+    assert C(pad_between_seqs=True).key() == base.key()  # not thd
+    assert C(fp8_output=True).key() == base.key()  # not fp8
+    assert C(bias_requires_grad=True).key() == base.key()  # no bias tensor
+    assert C(page_size=64).key() == base.key()  # not paged
+    assert C(max_seqlen_kv=None).key() == C(max_seqlen_kv=128).key()
+    assert C(num_gqa_groups=None).key() == C(num_gqa_groups=16).key()
+
+
+def test_bias_shapes_canonical():
+    assert C(bias_type="post_scale_bias").bias_shape == "1hss"
+    assert C(bias_type="post_scale_bias", bias_shape="bhss", batch_size=1).bias_shape == "1hss"
+    assert C(bias_type="post_scale_bias", bias_shape="b1ss", batch_size=4).bias_shape == "b1ss"
+    assert C(bias_type="post_scale_bias", bias_shape="111s", max_seqlen_q=1,
+             max_seqlen_kv=64).bias_shape == "11ss"  # fmt: skip
+    assert C(bias_type="no_bias", bias_shape="bhss").bias_shape is None
+
+
+def test_fp8_normalization():
+    assert C(fp8_recipe="current", dtype="fp8_e4m3").fp8 is True
+    assert C(fp8=True).fp8_recipe == "delayed"
+    with pytest.raises(ValueError, match="dtype='fp8_e4m3'"):
+        C(dtype="fp8_e4m3")
+
+
+def test_context_parallel_from_cp_size():
+    c = C(cp_size=4, cp_comm_type="a2a")
+    assert c.context_parallel and c.cp_comm_type == "a2a"
+
+
+@pytest.mark.parametrize(
+    "layout, fmt",
+    [("sbh3d", ("sbhd", "sbhd", "sbhd")), ("bshd_bs2hd", ("bshd", "bshd", "bshd")),
+     ("thd_thd_thd", ("thd", "thd", "thd"))],
+)  # fmt: skip
+def test_layout_formats(layout, fmt):
+    assert layout_formats(layout) == fmt
+
+
+def test_layout_formats_with_kv_cache():
+    assert layout_formats("paged_kv_thd_bshd_bshd", kv_cache=True) == ("thd_2bshd", "thd", "bshd")
+    c = C(qkv_layout="paged_kv_thd_bshd_bshd", page_size=16, attn_mask_type="padding_causal")
+    assert (c.qkv_format, c.q_format, c.kv_format) == ("thd_2bshd", "thd", "bshd")
+
+
+# ----------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(num_heads=12, num_gqa_groups=5),
+         "num_heads=12 is not divisible by num_gqa_groups=5"),
+        (dict(dtype="float16"), "dtype='float16'"),
+        (dict(qkv_layout="bhsd"), "qkv_layout='bhsd'"),
+        (dict(attn_mask_type="sliding"), "attn_mask_type='sliding'"),
+        (dict(head_dim_qk=0), "head_dim_qk=0"),
+        (dict(batch_size=True), "batch_size=True"),
+        (dict(dropout=1.0), "dropout=1.0"),
+        (dict(dropout=-0.1), "dropout=-0.1"),
+        (dict(softmax_type="sparsemax"), "softmax_type='sparsemax'"),
+        (dict(bias_type="post_scale_bias", bias_shape="hbss"), "bias_shape='hbss'"),
+        (dict(qkv_layout="sb3hd", num_gqa_groups=4), "packs q, k and v"),
+        (dict(qkv_layout="bshd_bs2hd", head_dim_v=32), "packs k and v"),
+        (dict(alibi_slopes_shape=(16,)), "only allowed with bias_type='alibi'"),
+        (dict(bias_type="alibi", alibi_slopes_shape=(7,)), "alibi_slopes_shape=(7,)"),
+        (dict(fp8_recipe="fp4"), "fp8_recipe='fp4'"),
+        (dict(cp_comm_type="ring", cp_size=2), "cp_comm_type='ring'"),
+        (dict(softmax_scale=0.0), "softmax_scale"),
+        (dict(num_splits=0), "num_splits=0"),
+    ],
+)  # fmt: skip
+def test_bad_values_name_field_value_and_allowed(kw, message):
+    with pytest.raises(ValueError) as err:
+        C(**kw)
+    assert message in str(err.value)
+
+
+def test_from_dict_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown config field.*heads"):
+        C.from_dict({"heads": 4})
+
+
+# ----------------------------------------------------------------------------- properties
+def _valid_kwargs():
+    @st.composite
+    def build(draw):
+        hg = draw(st.sampled_from([1, 2, 4, 8]))
+        h = hg * draw(st.integers(1, 4))
+        dqk = draw(st.sampled_from([32, 64, 72, 128, 192, 256]))
+        dv = draw(st.sampled_from([dqk, 128, 64]))
+        layout = draw(st.sampled_from(QKV_LAYOUTS))
+        group = layout.replace("paged_kv_", "").replace("b", "").replace("s", "").replace("t", "")
+        if "3" in group:
+            hg, dv = h, dqk
+        if "2" in group:
+            dv = dqk
+        paged = layout.startswith("paged_kv_") or draw(st.booleans()) and False
+        kv_cache = paged or draw(st.booleans())
+        mask = draw(st.sampled_from(MASK_TYPES))
+        if kv_cache and "padding" not in mask:
+            mask = "padding"
+        left = draw(st.sampled_from([-1, 0, 16, 128]))
+        right = draw(st.sampled_from([-1, 0, 16]))
+        if left == -1 or right == -1:
+            left = right = -1
+        bias_type = draw(st.sampled_from(BIAS_TYPES))
+        b = draw(st.integers(1, 8))
+        alibi = None
+        if bias_type == "alibi":
+            alibi = draw(st.sampled_from([None, (h,), (b, h)]))
+        fp8_recipe = draw(st.sampled_from(FP8_RECIPES))
+        dtype = draw(st.sampled_from(DTYPES))
+        if dtype.startswith("fp8") and fp8_recipe == "none":
+            fp8_recipe = "delayed"
+        return dict(
+            batch_size=b,
+            max_seqlen_q=draw(st.integers(1, 8192)),
+            max_seqlen_kv=draw(st.integers(1, 8192)),
+            num_heads=h, num_gqa_groups=hg, head_dim_qk=dqk, head_dim_v=dv,
+            dtype=dtype, qkv_layout=layout, attn_mask_type=mask,
+            window_size=draw(st.sampled_from([None, (left, right)])),
+            bias_type=bias_type,
+            bias_shape=draw(st.sampled_from(BIAS_SHAPES)) if bias_type != "no_bias" else None,
+            alibi_slopes_shape=alibi,
+            dropout=draw(st.sampled_from([0.0, 0.1, 0.5])),
+            softmax_type=draw(st.sampled_from(SOFTMAX_TYPES)),
+            is_training=draw(st.booleans()), deterministic=draw(st.booleans()),
+            fp8_recipe=fp8_recipe,
+            cp_size=draw(st.sampled_from([1, 2, 4])),
+            cp_comm_type=draw(st.sampled_from(CP_COMM_TYPES)),
+            pad_between_seqs=draw(st.booleans()),
+            kv_cache=kv_cache, page_size=draw(st.sampled_from([16, 64, 256])) if paged else 0,
+            num_splits=draw(st.sampled_from([1, 4])),
+            softmax_scale=draw(st.sampled_from([None, 0.125, 0.0884])),
+        )  # fmt: skip
+
+    return build()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(_valid_kwargs())
+def test_valid_configs_round_trip_and_keep_their_key(kw):
+    try:
+        c = C(**kw)
+    except ValueError as exc:  # only window/mask and KV-cache/packing combinations can clash
+        assert "window_size" in str(exc) or "KV cache needs separate" in str(exc)
+        return
+    again = C.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c and again.key() == c.key()
+    assert C.from_json(c.to_json()) == c
+    assert C(**c.to_dict()) == c  # normalization is idempotent
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-5, 5000), st.floats(allow_nan=True),
+                 st.text(max_size=12), st.lists(st.integers(-3, 300), max_size=3))  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from([f for f in C.__dataclass_fields__]), _ANY, max_size=6))
+def test_arbitrary_input_raises_only_value_error(kw):
+    try:
+        c = C.from_dict(kw)
+    except ValueError:
+        return
+    assert C.from_dict(c.to_dict()) == c
+
+
+def test_key_is_stable_across_processes():
+    c = C(num_heads=32, num_gqa_groups=8, head_dim_qk=128, attn_mask_type="causal",
+          window_size=(128, 0), dropout=0.1, softmax_scale=0.088)  # fmt: skip
+    code = (
+        "from te_fl_attention.config import FusedAttnConfig as C;"
+        "print(C(num_heads=32, num_gqa_groups=8, head_dim_qk=128, attn_mask_type='causal',"
+        "window_size=(128, 0), dropout=0.1, softmax_scale=0.088).key())"
+    )
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={"PYTHONHASHSEED": seed, "PATH": ""}, check=True).stdout.strip()
+            for seed in ("0", "1", "random")}  # fmt: skip
+    assert keys == {c.key()}
+
+
+def test_from_attention_params_te_2_20_fields():
+    recipe = type("DelayedScaling", (), {"fp8_dpa": True, "fp8_mha": False})()
+    params = SimpleNamespace(
+        qkv_dtype="torch.float8_e4m3fn", qkv_layout="bshd_bshd_bshd", batch_size=2,
+        num_heads=16, num_gqa_groups=4, max_seqlen_q=256, max_seqlen_kv=512, head_dim_qk=128,
+        head_dim_v=128, attn_mask_type="causal_bottom_right", window_size=(-1, 0),
+        core_attention_bias_type="post_scale_bias", core_attention_bias_shape=(2, 16, 256, 512),
+        core_attention_bias_requires_grad=True, fp8=True, fp8_meta={"recipe": recipe},
+        softmax_scale=1.0, inference_params=None, softcap=0.0,
+    )  # fmt: skip
+    c = C.from_attention_params(params)
+    assert (c.dtype, c.fp8, c.fp8_recipe) == ("fp8_e4m3", True, "delayed")
+    assert c.bias_shape == "bhss" and c.bias_requires_grad
+    assert c.softmax_scale is None  # TE's 1.0 default means "not given"
+
+
+def test_from_attention_params_older_te_missing_fields():
+    params = SimpleNamespace(qkv_dtype="torch.bfloat16", qkv_layout="sbh3d",
+                             core_attention_bias_type="post_scale_bias",
+                             core_attention_bias_shape="b1ss", batch_size=4)  # fmt: skip
+    c = C.from_attention_params(params)
+    assert c.qkv_layout == "sbh3d" and c.bias_shape == "b1ss" and c.num_heads == 16
+    assert c.window_size == (-1, -1) and c.softcap == 0.0
+
+
+def test_from_attention_params_kv_cache():
+    inf = SimpleNamespace(is_paged=True, page_size=256)
+    c = C.from_attention_params(SimpleNamespace(
+        qkv_layout="paged_kv_bshd_bshd_bshd", attn_mask_type="padding_causal",
+        inference_params=inf))  # fmt: skip
+    assert c.kv_cache and c.paged and c.page_size == 256
+
+
+def test_from_tensors_bshd_and_thd():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(2, 64, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 96, 2, 128, dtype=torch.bfloat16)
+    v = torch.zeros(2, 96, 2, 64, dtype=torch.bfloat16)
+    c = C.from_tensors(q, k, v, attn_mask_type="causal_bottom_right")
+    assert (c.batch_size, c.max_seqlen_q, c.max_seqlen_kv) == (2, 64, 96)
+    assert (c.num_heads, c.num_gqa_groups, c.head_dim_qk, c.head_dim_v) == (8, 2, 128, 64)
+    cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    t = torch.zeros(20, 4, 64, dtype=torch.float16)
+    c = C.from_tensors(t, t, t, qkv_format="thd", cu_seqlens_q=cu)
+    assert (c.batch_size, c.max_seqlen_q, c.qkv_format, c.dtype) == (3, 8, "thd", "fp16")
+    assert c.attn_mask_type == "padding"
