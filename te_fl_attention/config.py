@@ -588,16 +588,13 @@ def _bias_shape_code(shape: Any, batch: int, heads: int, sq: int) -> str | None:
 
 
 def canonical_bias_shape(code: str, batch: int, heads: int, sq: int) -> str:
-    """One code per physical shape: with batch 1 ``bhss`` is ``1hss``, with one head ``1hss`` is
-    ``11ss``, and with ``max_seqlen_q == 1`` ``111s`` is ``11ss``."""
-    b, h = code[0], code[1]
-    if batch == 1:
-        b = "1"
-    if heads == 1:
-        h = "1"
-    if code == "111s":
-        return "11ss" if sq == 1 else code
-    return f"{b}{h}ss"
+    """One code per physical bias shape, labelled the way TE labels a ``(b, h, sq, skv)``
+    tensor (it tries bhss, 1hss, b1ss, then 111s/11ss): e.g. with batch 1 a ``bhss`` bias is
+    TE's ``bhss``, a ``1hss`` one too."""
+    b = batch if code[0] == "b" else 1
+    h = heads if code[1] == "h" else 1
+    s_q = 1 if code == "111s" else sq
+    return _bias_shape_code((b, h, s_q, 0), batch, heads, sq) or code
 
 
 __all__ = ["FusedAttnConfig", "CONFIG_SCHEMA", "normalize_window", "normalize_mask",

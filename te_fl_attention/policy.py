@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from .probes.flash_attn import FA4_PREFERS_FA3_CODE
 from .probes.unfused import FP8_EMULATION_CODE
 from .reasons import BACKENDS, FLASH_FLAVOURS, ProbeResult, Reason
 
@@ -133,19 +134,31 @@ class Policy:
         return Reason(f"policy.{name}_disabled", f"disabled by {var}", "policy",
                       observed="0", limit="1", hint=f"unset {var.split(' or ')[-1]}")  # fmt: skip
 
-    def _waive(self, result: ProbeResult) -> ProbeResult:
-        """NVTE_UnfusedDPA_Emulate_FP8=1 lifts unfused's FP8 refusal."""
-        if not (self.unfused_fp8_emulation and result.backend == "unfused"):
+    def _waived(self) -> frozenset[str]:
+        """Reason codes this policy lifts: NVTE_UnfusedDPA_Emulate_FP8=1 lifts unfused's FP8
+        refusal; with FA3 disabled, TE no longer drops FA4 "to prefer FA3" on sm90."""
+        codes = set()
+        if self.unfused_fp8_emulation:
+            codes.add(FP8_EMULATION_CODE)
+        if not self.fa3:
+            codes.add(FA4_PREFERS_FA3_CODE)
+        return frozenset(codes)
+
+    @staticmethod
+    def _waive(result: ProbeResult, codes: frozenset[str]) -> ProbeResult:
+        if not codes or not any(r.code in codes for r in result.reasons):
             return result
-        kept = tuple(r for r in result.reasons if r.code != FP8_EMULATION_CODE)
+        kept = tuple(r for r in result.reasons if r.code not in codes)
         return dataclasses.replace(result, reasons=kept, supported=not kept)
 
     def filter(self, result: ProbeResult) -> ProbeResult:
         """The result as this policy sees it: env-disabled candidates refused (stage policy)."""
-        result = self._waive(result)
+        waived = self._waived()
+        result = self._waive(result, waived)
         if result.backend == "flash":
             variants = []
             for v in result.variants:
+                v = self._waive(v, waived)
                 why = self._disabled(v.backend)
                 if why is None and self.force in FLASH_FLAVOURS and v.backend != self.force:
                     why = Reason("policy.not_forced", f"force={self.force} excludes {v.backend}",

@@ -164,10 +164,9 @@ class Decision:
 
     @property
     def flash_variant(self) -> str | None:
-        """The flash-attn flavour (``fa2``/``fa3``/``fa4``) when ``flash`` is chosen."""
-        if self.chosen != "flash":
-            return None
-        return self.result("flash").detail.get("variant")
+        """The flash-attn flavour (``fa2``/``fa3``/``fa4``) the policy picked when ``flash`` is
+        chosen."""
+        return self.detail.get("flash_variant") if self.chosen == "flash" else None
 
     @property
     def available(self) -> tuple[str, ...]:

@@ -91,13 +91,19 @@ def test_irrelevant_fields_do_not_split_the_key():
     assert C(num_gqa_groups=None).key() == C(num_gqa_groups=16).key()
 
 
-def test_bias_shapes_canonical():
-    assert C(bias_type="post_scale_bias").bias_shape == "1hss"
-    assert C(bias_type="post_scale_bias", bias_shape="bhss", batch_size=1).bias_shape == "1hss"
-    assert C(bias_type="post_scale_bias", bias_shape="b1ss", batch_size=4).bias_shape == "b1ss"
-    assert C(bias_type="post_scale_bias", bias_shape="111s", max_seqlen_q=1,
-             max_seqlen_kv=64).bias_shape == "11ss"  # fmt: skip
+def test_bias_shapes_labelled_as_te_labels_the_tensor():
+    pb = dict(bias_type="post_scale_bias")
+    assert C(**pb).bias_shape == "bhss"  # batch 1: a [1, h, s, s] tensor is TE's bhss
+    assert C(**pb, batch_size=4).bias_shape == "1hss"
+    assert C(**pb, bias_shape="bhss", batch_size=4).bias_shape == "bhss"
+    assert C(**pb, bias_shape="b1ss", batch_size=4).bias_shape == "b1ss"
+    assert C(**pb, bias_shape="b1ss", batch_size=4, num_heads=1).bias_shape == "bhss"
+    assert C(**pb, bias_shape="111s", batch_size=4).bias_shape == "111s"
+    # one head: TE reads a [1, 1, 1, skv] tensor as 1hss (so no 111s dbias refusal)
+    assert C(**pb, bias_shape="111s", batch_size=4, num_heads=1).bias_shape == "1hss"
+    assert C(**pb, bias_shape="111s", batch_size=4, max_seqlen_q=1).bias_shape == "11ss"
     assert C(bias_type="no_bias", bias_shape="bhss").bias_shape is None
+    assert C(**pb, bias_shape="1hss").key() == C(**pb, bias_shape="bhss").key()
 
 
 def test_fp8_normalization():

@@ -26,7 +26,9 @@ def test_llama_h100_picks_fused_and_keeps_every_candidate():
 def test_llama_a100_picks_flash_attention_2():
     d = decide(LLAMA, "a100")
     assert d.chosen == "flash" and d.detail["flash_variant"] == "fa2"
-    assert decide(LLAMA, "a100:fa2=none").chosen == "fused"
+    # without flash-attn, our Triton kernel is next in the flash tier (sm80: flash tier first)
+    assert decide(LLAMA, "a100:fa2=none").chosen == "triton"
+    assert decide(LLAMA, "a100:fa2=none", triton=False).chosen == "fused"
 
 
 def test_llama_local_cpu_picks_unfused_with_reasons():
@@ -44,6 +46,13 @@ def test_fa3_and_fa4_precedence():
     # preferring a flavour picks it when supported
     d = decide(LLAMA, "b200:fa4=4.0.0b36", fused=False, prefer=("fa2",))
     assert d.detail["flash_variant"] == "fa2"
+
+
+def test_fa4_on_sm90_when_fa3_disabled():
+    dev = "h100:fa3=3.0.0b1,fa4=4.0.0b36"
+    assert decide(LLAMA, dev, fused=False).detail["flash_variant"] == "fa3"
+    # TE drops FA4 "to prefer FA3" only while FA3 is enabled
+    assert decide(LLAMA, dev, fused=False, fa3=False).detail["flash_variant"] == "fa4"
 
 
 def test_env_switches_are_policy_reasons():
@@ -90,10 +99,11 @@ def test_memo_hit_returns_same_decision():
 
 
 def test_no_backend_at_all():
-    d = Selector().decide(FusedAttnConfig(dtype="fp32"), "h100", Policy(unfused=False))
+    pol = Policy(unfused=False, triton=False)
+    d = Selector().decide(FusedAttnConfig(dtype="fp32"), "h100", pol)
     assert d.chosen is None
     with pytest.raises(NoBackendError, match="no attention backend supports"):
-        Selector().select(FusedAttnConfig(dtype="fp32"), "h100", Policy(unfused=False))
+        Selector().select(FusedAttnConfig(dtype="fp32"), "h100", pol)
 
 
 def test_decision_json_round_trip_has_every_result():

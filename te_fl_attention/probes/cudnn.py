@@ -26,8 +26,11 @@ FP8 = 2
 
 
 def fused_sub_backend(c: FusedAttnConfig) -> int:
-    """TE's sub-backend for a supported config: FP8 (2) for FP8 inputs, else F16 (1)."""
-    return FP8 if c.dtype in ("fp8_e4m3", "fp8_e5m2") else F16_ARBITRARY_SEQLEN
+    """TE's sub-backend for a supported config: FP8 (2) for FP8 attention, else F16 (1).
+
+    With FP8 DPA, ``get_fused_attn_spec`` hands cuDNN FP8 q/k/v for every recipe (also when the
+    module's inputs are bf16/fp16), so the FP8 sub-backend answers."""
+    return FP8 if c.fp8 or c.dtype in ("fp8_e4m3", "fp8_e5m2") else F16_ARBITRARY_SEQLEN
 
 
 def _cv(d: DeviceProfile) -> tuple[int, int, int]:
@@ -224,6 +227,22 @@ def kv_cache(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
+def mla_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE: "Disabling FusedAttention as MLA is not supported with qkv_layout = %s": MLA needs
+    the layout group (b/s/t removed) to be ``hd_hd_hd``. TE does not strip ``paged_kv_`` first,
+    so every paged layout is refused for MLA too."""
+    group = c.qkv_layout.replace("b", "").replace("s", "").replace("t", "")
+    if c.is_mla and group != "hd_hd_hd":
+        return _r(
+            "mla_layout",
+            f"MLA (head_dim_qk = {c.head_dim_qk}, head_dim_v = {c.head_dim_v}) is not supported "
+            f"with qkv_layout = {c.qkv_layout}",
+            c.qkv_layout,
+            "separate q, k, v (hd_hd_hd) layouts, not paged",
+        )
+    return None
+
+
 def mla_sm120_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE: MLA backward on sm120 needs head_dim_qk <= 128 and % 8 == 0."""
     if c.is_mla and d.sm == 120 and c.is_training and (c.head_dim_qk > 128 or c.head_dim_qk % 8):
@@ -363,10 +382,28 @@ def _fused_bias(c: FusedAttnConfig) -> tuple[str, str | None, bool]:
     return c.bias_type, c.bias_shape, c.bias_requires_grad
 
 
+def _te_bias_shape_type(c: FusedAttnConfig, shape: str | None) -> str | None:
+    """The shape type TE derives from the ``(b, h, sq, skv)`` bias tensor, in TE's order
+    (bhss, 1hss, b1ss, 11ss/111s): with one head, a (1, 1, 1, skv) bias reads as 1hss."""
+    if shape is None:
+        return None
+    b = c.batch_size if shape[0] == "b" else 1
+    h = c.num_heads if shape[1] == "h" else 1
+    sq = 1 if shape == "111s" else c.max_seqlen_q
+    if b == c.batch_size and h == c.num_heads:
+        return "bhss"
+    if b == 1 and h == c.num_heads:
+        return "1hss"
+    if b == c.batch_size and h == 1:
+        return "b1ss"
+    return "111s" if sq == 1 and c.max_seqlen_q != 1 else "11ss"
+
+
 def bias_111s_grad(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE (warning): "Disabling FusedAttention as dbias calculation is not supported for 111s"."""
+    """TE (warning): "Disabling FusedAttention as dbias calculation is not supported for 111s"
+    (111s as TE classifies the bias tensor's shape)."""
     btype, shape, grad = _fused_bias(c)
-    if btype == "post_scale_bias" and shape == "111s" and grad:
+    if btype == "post_scale_bias" and _te_bias_shape_type(c, shape) == "111s" and grad:
         return _r(
             "bias_111s_grad",
             "dbias is not supported for bias shape 111s",
@@ -425,8 +462,8 @@ def determinism(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 PYTHON_RULES: tuple[Rule, ...] = (
     no_gpu("FusedAttention"), cudnn_present, *ALL_BACKENDS, sm80, dtype, fp8_recipe, num_splits,
-    softcap, score_mod, kv_cache, mla_sm120_training, thd_sm120, softmax, context_parallel,
-    arbitrary_mask, sliding_window, bias_111s_grad,
+    softcap, score_mod, kv_cache, mla_layout, mla_sm120_training, thd_sm120, softmax,
+    context_parallel, arbitrary_mask, sliding_window, bias_111s_grad,
 )  # fmt: skip
 
 
@@ -466,10 +503,11 @@ def table_arch(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_head_dim(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """F16 head dims: both % 8 == 0 and <= 128; <= 256 on sm90 (training cuDNN 9.5); any size
-    for inference on cuDNN 9.10.2+ (s_q > 1, or paged, or non-causal decode); (192, 128) training
-    on sm100+ (cuDNN 9.11); (256, 256) training on sm100-109 (cuDNN 9.23, 9.25 for thd); minus
-    the Hopper MLA backward bug (cuDNN 9.11+, dqk, dv >= 128, dqk != dv, not (192, 128))."""
+    """TE's cuDNN support table (nvte_get_fused_attn_backend), F16 head dims: both % 8 == 0
+    and <= 128; <= 256 on sm90 (training cuDNN 9.5); any size for inference on cuDNN 9.10.2+
+    (s_q > 1, or paged, or non-causal decode); (192, 128) training on sm100+ (cuDNN 9.11);
+    (256, 256) training on sm100-109 (cuDNN 9.23, 9.25 for thd); minus the Hopper MLA backward
+    bug (cuDNN 9.11+, dqk, dv >= 128, dqk != dv, not (192, 128))."""
     dqk, dv, sm, cv = c.head_dim_qk, c.head_dim_v, d.sm or 0, _cv(d)
     if fused_sub_backend(c) == FP8:
         return _table_fp8_dims(c, d)
@@ -542,8 +580,8 @@ def _table_fp8_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """Bias: never pre_scale_bias; ALiBi needs sm90 and a causal-type mask; post_scale_bias
-    never with padding masks."""
+    """TE's cuDNN support table (nvte_get_fused_attn_backend), bias: never pre_scale_bias;
+    ALiBi needs sm90 and a causal-type mask; post_scale_bias never with padding masks."""
     btype, _, _ = _fused_bias(c)
     m = c.attn_mask_type
     if btype == "pre_scale_bias":
@@ -573,12 +611,23 @@ def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
+def _layout_formats(layout: str) -> tuple[str, str]:
+    """The q and kv formats the C++ side reads off a layout (``nvte_get_q_format`` /
+    ``nvte_get_kv_format``): ``sbhd_bs2hd`` -> (sbhd, bshd), ``t3hd`` -> (thd, thd)."""
+    parts = layout.replace("paged_kv_", "").split("_")
+    alpha = ["".join(ch for ch in p if ch.isalpha()) for p in parts]
+    return alpha[0], alpha[-1]
+
+
 def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """Masks and formats: thd needs sm90 and a padding mask; mixed q/kv formats need cuDNN 9.7;
-    bottom-right masks need s_q <= s_kv; padding masks and bottom-right masks need no bias and
-    no dropout below cuDNN 9.7 ... as cumulated by cuDNN version in TE's table."""
+    """TE's cuDNN support table (nvte_get_fused_attn_backend), masks and formats: thd needs sm90
+    and a padding mask; mixed q/kv formats need cuDNN 9.7; bottom-right masks need s_q <= s_kv;
+    padding masks and bottom-right masks need no bias and no dropout below cuDNN 9.7 ... as
+    cumulated by cuDNN version. The C++ side reads q and kv formats from the layout itself
+    (``sbhd_bshd_bshd`` is sbhd q with bshd k/v, KV cache or not)."""
     m, cv, sm = c.attn_mask_type, _cv(d), d.sm or 0
-    thd = "thd" in (c.q_format, c.kv_format)
+    q_format, kv_format = _layout_formats(c.qkv_layout)
+    thd = "thd" in (q_format, kv_format)
     if thd and "padding" not in m:
         return _t(
             "thd_mask",
@@ -590,7 +639,7 @@ def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
         return _t("thd_sm", f"thd needs sm >= 90 (found sm{sm})", sm, ">= 90")
     if thd and c.num_heads != c.num_gqa_groups and cv < (9, 6, 0):
         return _t("thd_gqa", "thd with GQA/MQA needs cuDNN 9.6", fmt_version(cv), ">= 9.6.0")
-    if c.q_format != c.kv_format and cv < (9, 7, 0):
+    if q_format != kv_format and cv < (9, 7, 0):
         return _t(
             "mixed_format", "different q and kv formats need cuDNN 9.7", fmt_version(cv), ">= 9.7.0"
         )
@@ -629,8 +678,9 @@ def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """Sliding windows: cuDNN 9.2 (left, 0) windows; 9.6 any (left, right) with no_mask, padding
-    or bottom-right masks; never with bias or dropout; s_q <= s_kv."""
+    """TE's cuDNN support table (nvte_get_fused_attn_backend), sliding windows: cuDNN 9.2
+    (left, 0) windows; 9.6 any (left, right) with no_mask, padding or bottom-right masks; never
+    with bias or dropout; s_q <= s_kv."""
     if not c.has_window:
         return None
     cv, m = _cv(d), c.attn_mask_type
@@ -653,8 +703,9 @@ def table_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_blackwell_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """sm >= 100 training: not dropout and bias together; deterministic needs cuDNN 9.18.1, no
-    dropout, no bias; sm120 deterministic training is never supported."""
+    """TE's cuDNN support table (nvte_get_fused_attn_backend), sm >= 100 training: not
+    dropout and bias together; deterministic needs cuDNN 9.18.1, no dropout, no bias; sm120
+    deterministic training is never supported."""
     if (d.sm or 0) < 100 or not c.is_training:
         return None
     has_bias = c.bias_type != "no_bias"

@@ -23,6 +23,8 @@ FA2_MIN_BLACKWELL = Version("2.7.3")
 FA2_MAX = Version("2.8.4")  # exclusive, as in TE 2.20's FlashAttentionUtils.max_version
 FLAVOUR_FIELDS = {"fa2": "flash_attn", "fa3": "flash_attn_3", "fa4": "flash_attn_4"}
 PRECEDENCE = ("fa4", "fa3", "fa2")
+#: The policy lifts this refusal when FA3 is disabled (TE only prefers an enabled FA3).
+FA4_PREFERS_FA3_CODE = "fa4.prefer_fa3"
 
 
 def _fa_version(d: DeviceProfile, flavour: str) -> Version | None:
@@ -198,8 +200,10 @@ def _installed(flavour: str) -> Rule:
     return installed
 
 
-def _simple(code: str, flavour: str, test, message: str, observed, limit, hint=None) -> Rule:
-    """Build a rule from a predicate; ``message``/``observed`` may use ``{c}``/``{d}``."""
+def _simple(code: str, flavour: str, test, message: str, observed, limit, hint=None, *,
+            doc: str) -> Rule:  # fmt: skip
+    """Build a rule from a predicate; ``message``/``observed`` may use ``{c}``/``{d}``.
+    ``doc`` becomes the rule's docstring: the TE behaviour it mirrors."""
 
     def rule(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
         if test(c, d):
@@ -210,6 +214,8 @@ def _simple(code: str, flavour: str, test, message: str, observed, limit, hint=N
         return None
 
     rule.__name__ = f"{flavour}_{code.replace('.', '_')}"
+    rule.__qualname__ = rule.__name__
+    rule.__doc__ = doc
     return rule
 
 
@@ -225,6 +231,8 @@ def _too_old(flavour: str, minimum: str, feature: str) -> Rule:
         return None
 
     rule.__name__ = f"{flavour}_needs_{minimum.replace('.', '_')}"
+    rule.__qualname__ = rule.__name__
+    rule.__doc__ = f"TE: {feature} requires flash-attn {minimum}+ (FlashAttentionUtils)."
     return rule
 
 
@@ -304,33 +312,46 @@ FA2: tuple[Rule, ...] = (
     fa2_version_range,
     _simple("sm", "fa2", lambda c, d: d.sm is not None and d.sm < 80,
             "FlashAttention 2 needs compute capability >= sm80 (found sm{d.sm})",
-            lambda c, d: d.sm, ">= 80"),
+            lambda c, d: d.sm, ">= 80",
+            doc="""TE: "Disabling FlashAttention 2 for compute capability < sm80"."""),
     _simple("dtype", "fa2", lambda c, d: c.dtype not in ("fp16", "bf16"),
             "qkv_dtype = {c.dtype} is not supported by FlashAttention 2",
-            lambda c, d: c.dtype, "fp16, bf16"),
+            lambda c, d: c.dtype, "fp16, bf16",
+            doc="""TE: "Disabling FlashAttention 2 for unsupported qkv_dtype" (bf16, fp16
+    only)."""),
     _simple("fp8", "fa2", lambda c, d: c.fp8, "FlashAttention 2 does not run FP8 attention",
-            lambda c, d: c.fp8_recipe, "no FP8"),
+            lambda c, d: c.fp8_recipe, "no FP8",
+            doc="""TE: "Disabling FlashAttention 2 for FP8 attention"."""),
     _simple("num_splits", "fa2", lambda c, d: c.num_splits != 1,
             "num_splits = {c.num_splits} is not supported by FlashAttention 2",
-            lambda c, d: c.num_splits, 1, "num_splits needs FlashAttention 3/4"),
+            lambda c, d: c.num_splits, 1, "num_splits needs FlashAttention 3/4",
+            doc="""TE: "Disabling FlashAttention 2 for num_splits"."""),
     fa2_softcap,
     _simple("page_size", "fa2", lambda c, d: c.paged and c.page_size % 256 != 0,
             "paged KV cache page_size = {c.page_size} is not divisible by 256",
-            lambda c, d: c.page_size, "% 256 == 0"),
+            lambda c, d: c.page_size, "% 256 == 0",
+            doc="""TE: "Disabling FlashAttention 2 for page size not divisible by 256" (paged
+    KV cache)."""),
     _fa2_paged_version,
     _simple("kv_seqlen", "fa2",
             lambda c, d: c.kv_cache and not c.paged and c.max_seqlen_kv % 256 != 0,
             "non-paged KV cache with max_seqlen_kv = {c.max_seqlen_kv} not divisible by 256",
-            lambda c, d: c.max_seqlen_kv, "% 256 == 0"),
+            lambda c, d: c.max_seqlen_kv, "% 256 == 0",
+            doc="""TE: "Disabling FlashAttention 2 for non-paged KV cache with max_seqlen_kv not
+    divisible by 256" (FA2 gets a block table whose page size is max_seqlen_kv)."""),
     fa2_head_dim,
     _simple("pad_between_seqs", "fa2", lambda c, d: c.pad_between_seqs,
             "thd with padding between sequences is not supported by FlashAttention 2",
-            True, "pad_between_seqs=False", "FlashAttention 3 and FusedAttention support it"),
+            True, "pad_between_seqs=False", "FlashAttention 3/4 and FusedAttention support it",
+            doc="""TE: "Disabling FlashAttention 2 for qkv_format = thd when there is padding
+    between sequences" (FA3 and FA4 take seqused_q/seqused_k instead)."""),
     _simple("alibi_cross", "fa2",
             lambda c, d: c.bias_type == "alibi" and not c.bottom_right_diagonal
             and c.max_seqlen_q != c.max_seqlen_kv,
             "ALiBi with top-left alignment for cross-attention is not supported",
-            "bottom_right_diagonal=False", "bottom-right alignment when s_q != s_kv"),
+            "bottom_right_diagonal=False", "bottom-right alignment when s_q != s_kv",
+            doc="""TE: "only supports ALiBi with bottom right diagonal alignment for
+    cross-attention" (flash-attn 2.4+ ALiBi path)."""),
 )  # fmt: skip
 
 
@@ -357,32 +378,46 @@ FA3: tuple[Rule, ...] = (
     _installed("fa3"),
     _simple("sm", "fa3", lambda c, d: d.sm is not None and d.sm != 90,
             "FlashAttention 3 needs compute capability sm90 (found sm{d.sm})",
-            lambda c, d: d.sm, "== 90"),
+            lambda c, d: d.sm, "== 90",
+            doc="""TE: "Disabling FlashAttention 3 for compute capability != sm90"."""),
     _simple("dtype", "fa3", lambda c, d: c.dtype not in ("fp16", "bf16", "fp8_e4m3"),
             "qkv_dtype = {c.dtype} is not supported by FlashAttention 3",
-            lambda c, d: c.dtype, "fp16, bf16, fp8_e4m3"),
+            lambda c, d: c.dtype, "fp16, bf16, fp8_e4m3",
+            doc="""TE: "Disabling FlashAttention 3 for unsupported qkv_dtype" (bf16, fp16,
+    float8_e4m3fn)."""),
     _simple("fp8_training", "fa3", lambda c, d: c.fp8 and c.is_training,
             "FlashAttention 3 does not support FP8 training", "fp8 + is_training",
-            "FP8 inference only"),
+            "FP8 inference only",
+            doc="""TE: "Disabling FlashAttention 3 for FP8 training"."""),
     _simple("fp8_recipe", "fa3", lambda c, d: c.fp8 and c.fp8_recipe not in ("delayed", "current"),
             "FlashAttention 3 does not support the {c.fp8_recipe} FP8 recipe",
-            lambda c, d: c.fp8_recipe, "delayed, current"),
+            lambda c, d: c.fp8_recipe, "delayed, current",
+            doc="""TE: "Disabling FlashAttention 3 for <recipe>" (FP8 only with delayed or current
+    scaling)."""),
     _simple("softcap", "fa3", lambda c, d: c.softcap != 0.0,
             "softcap needs a softcap-capable FA3 build (not detectable from package metadata), "
-            "head_dim <= 256 and no context parallelism", lambda c, d: c.softcap, 0.0),
+            "head_dim <= 256 and no context parallelism", lambda c, d: c.softcap, 0.0,
+            doc="""TE: "Disabling FlashAttention 3 for softcap (requires softcap-capable FA3 build,
+    head_dim <= 256, and no context parallelism)"; TE probes the build's signature, which package
+    metadata cannot show, so softcap is refused."""),
     _simple("fp8_kv_cache", "fa3", lambda c, d: c.kv_cache and c.fp8 and c.q_format != "thd",
             "FP8 KV caching with FlashAttention 3 needs thd queries",
-            lambda c, d: c.q_format, "thd"),
+            lambda c, d: c.q_format, "thd",
+            doc="""TE: "Disabling FlashAttention 3 for FP8 KV caching and non-THD"."""),
     fa3_head_dims,
     _simple("dropout", "fa3", lambda c, d: c.dropout != 0.0,
-            "FlashAttention 3 does not support dropout", lambda c, d: c.dropout, 0.0),
+            "FlashAttention 3 does not support dropout", lambda c, d: c.dropout, 0.0,
+            doc="""TE: "Disabling FlashAttention 3 for dropout"."""),
     _simple("deterministic_d256", "fa3",
             lambda c, d: c.deterministic and c.is_training
             and max(c.head_dim_qk, c.head_dim_v) >= 256,
             "deterministic backward with max(head_dim_qk, head_dim_v) >= 256",
-            lambda c, d: max(c.head_dim_qk, c.head_dim_v), "< 256 when deterministic"),
+            lambda c, d: max(c.head_dim_qk, c.head_dim_v), "< 256 when deterministic",
+            doc="""TE: "Disabling FlashAttention 3 for deterministic backward with max(head_dim_qk,
+    head_dim_v) >= 256"."""),
     _simple("alibi", "fa3", lambda c, d: c.bias_type == "alibi",
-            "FlashAttention 3 does not support ALiBi", "alibi", "no alibi"),
+            "FlashAttention 3 does not support ALiBi", "alibi", "no alibi",
+            doc="""TE: "Disabling FlashAttention 3 for ALiBi"."""),
 )  # fmt: skip
 
 
@@ -434,46 +469,62 @@ FA4: tuple[Rule, ...] = (
     _installed("fa4"),
     _simple("sm", "fa4", lambda c, d: d.sm is not None and d.sm < 90,
             "FlashAttention 4 needs compute capability >= sm90 (found sm{d.sm})",
-            lambda c, d: d.sm, ">= 90"),
+            lambda c, d: d.sm, ">= 90",
+            doc="""TE: "Disabling FlashAttention 4 for compute capability < sm90"."""),
     _simple("prefer_fa3", "fa4", lambda c, d: d.sm == 90 and d.flash_attn_3 is not None,
             "on sm90 TE prefers FlashAttention 3, which is installed", "flash-attn-3 installed",
-            "FA3 absent on sm90"),
+            "FA3 absent on sm90",
+            doc="""TE: "Disabling FlashAttention 4 to prefer FlashAttention 3 on SM90" (both
+    installed)."""),
     _simple("dtype", "fa4", lambda c, d: c.dtype not in ("fp16", "bf16"),
             "qkv_dtype = {c.dtype} is not supported by FlashAttention 4",
-            lambda c, d: c.dtype, "fp16, bf16"),
+            lambda c, d: c.dtype, "fp16, bf16",
+            doc="""TE: "Disabling FlashAttention 4 for unsupported qkv_dtype" (bf16, fp16
+    only)."""),
     _simple("fp8", "fa4", lambda c, d: c.fp8, "FlashAttention 4 does not run FP8 attention",
-            lambda c, d: c.fp8_recipe, "no FP8"),
+            lambda c, d: c.fp8_recipe, "no FP8",
+            doc="""TE: "Disabling FlashAttention 4 for FP8 attention"."""),
     _simple("num_splits", "fa4", lambda c, d: c.num_splits != 1 and (d.sm or 0) < 100,
             "num_splits on sm < 100 is not supported by FlashAttention 4",
-            lambda c, d: c.num_splits, "1 below sm100"),
+            lambda c, d: c.num_splits, "1 below sm100",
+            doc="""TE: "Disabling FlashAttention 4 for num_splits on SM < 100" (SplitKV needs
+    sm100+)."""),
     _simple("softcap", "fa4", lambda c, d: c.softcap != 0.0,
-            "TE does not pass softcap to FlashAttention 4", lambda c, d: c.softcap, 0.0),
+            "TE does not pass softcap to FlashAttention 4", lambda c, d: c.softcap, 0.0,
+            doc="""TE: "Disabling FlashAttention 4 as TE does not pass it softcap"."""),
     _simple("kv_cache", "fa4", lambda c, d: c.kv_cache,
-            "FlashAttention 4 does not support KV cache", True, "no KV cache"),
+            "FlashAttention 4 does not support KV cache", True, "no KV cache",
+            doc="""TE: "Disabling FlashAttention 4 as it does not support KV cache"."""),
     fa4_head_dims,
     _simple("d512_sm100", "fa4", lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 512,
-            "symmetric head_dim = 512 is not supported on SM100/SM110", 512, "!= (512, 512)"),
+            "symmetric head_dim = 512 is not supported on SM100/SM110", 512, "!= (512, 512)",
+            doc="""TE: "Disabling FlashAttention 4 for unsupported symmetric head_dim=512 on
+    SM100/SM110"."""),
     _simple("d256_cross_sm100", "fa4",
             lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 256
             and c.max_seqlen_q != c.max_seqlen_kv,
             "head_dim = 256 cross-attention (s_q != s_kv) is not supported on SM100",
-            lambda c, d: (c.max_seqlen_q, c.max_seqlen_kv), "s_q == s_kv"),
+            lambda c, d: (c.max_seqlen_q, c.max_seqlen_kv), "s_q == s_kv",
+            doc="""TE: "Disabling FlashAttention 4 for SM100 head_dim=256 cross-attention"."""),
     fa4_mla_backward_bug,
-    _simple("pad_between_seqs", "fa4", lambda c, d: c.pad_between_seqs,
-            "thd with padding between sequences is not supported by FlashAttention 4",
-            True, "pad_between_seqs=False"),
     _simple("dropout", "fa4", lambda c, d: c.dropout != 0.0,
-            "FlashAttention 4 does not support dropout", lambda c, d: c.dropout, 0.0),
+            "FlashAttention 4 does not support dropout", lambda c, d: c.dropout, 0.0,
+            doc="""TE: "Disabling FlashAttention 4 for dropout"."""),
     _simple("cp_comm_type", "fa4",
             lambda c, d: c.context_parallel and c.cp_comm_type not in ("p2p", "all_gather", "a2a"),
             "context parallelism with cp_comm_type = {c.cp_comm_type}",
-            lambda c, d: c.cp_comm_type, "p2p, all_gather, a2a"),
+            lambda c, d: c.cp_comm_type, "p2p, all_gather, a2a",
+            doc="""TE: "Disabling FlashAttention 4 for context parallelism with cp_comm_type = %s"
+    (p2p, all_gather, a2a only)."""),
     _simple("window_d256_sm100", "fa4",
             lambda c, d: _sm100(d) and c.head_dim_qk == c.head_dim_v == 256 and c.has_window,
             "sliding window with head_dim = 256 is not supported on SM100",
-            lambda c, d: c.window_size, "no window at head_dim 256"),
+            lambda c, d: c.window_size, "no window at head_dim 256",
+            doc="""TE: "Disabling FlashAttention 4 as SM100 head_dim=256 does not support
+    sliding-window/local attention yet"."""),
     _simple("alibi", "fa4", lambda c, d: c.bias_type == "alibi",
-            "FlashAttention 4 does not support ALiBi", "alibi", "no alibi"),
+            "FlashAttention 4 does not support ALiBi", "alibi", "no alibi",
+            doc="""TE: "Disabling FlashAttention 4 for ALiBi"."""),
 )  # fmt: skip
 
 FLAVOUR_RULES: dict[str, tuple[Rule, ...]] = {"fa2": FA2, "fa3": FA3, "fa4": FA4}
