@@ -88,10 +88,10 @@ def _policy(args: argparse.Namespace):
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from . import render
-    from .selector import Selector
+    from .selector import default_selector
 
     config = build_config(args)
-    decision = Selector().decide(config, args.device, _policy(args), force=args.force)
+    decision = default_selector().decide(config, args.device, _policy(args), force=args.force)
     if args.json:
         print(render.to_json(decision))
     else:

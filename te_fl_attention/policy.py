@@ -116,7 +116,12 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        """The policy as a plain dict (computed once: the policy is frozen)."""
+        cached = self.__dict__.get("_dict")
+        if cached is None:
+            cached = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            object.__setattr__(self, "_dict", cached)
+        return dict(cached)
 
     # ------------------------------------------------------------------ filtering
     def _disabled(self, name: str) -> Reason | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, TextIO
 
 from .reasons import Decision, ProbeResult, Reason
@@ -28,6 +29,26 @@ def _verdict(result: ProbeResult, chosen: str | None, variant: str | None) -> st
     return "supported" if result.supported else "refused"
 
 
+def _notes(r: ProbeResult) -> list[str]:
+    """Evidence worth showing next to a verdict: cuDNN's plans, rule drift, predictions."""
+    notes = []
+    plans = r.detail.get("plans") or {}
+    for graph, names in plans.items():
+        if names:
+            notes.append(f"cuDNN {graph} plans: {', '.join(names[:6])}"
+                         + (f" (+{len(names) - 6})" if len(names) > 6 else ""))  # fmt: skip
+    drift = r.detail.get("rule_drift")
+    if drift:
+        notes.append(f"rule drift: rules {drift['rules']} ({', '.join(drift['rule_codes']) or '-'})"
+                     f", cuDNN {drift['cudnn']}; cuDNN's verdict wins")  # fmt: skip
+    if r.detail.get("predicted"):
+        why = r.detail.get("graph_note")
+        notes.append("predicted by the support table" + (f" ({why})" if why else ""))
+    if r.evidence != "rules":
+        notes.append(f"evidence: {r.evidence}")
+    return notes
+
+
 def rows(decision: Decision) -> list[tuple[str, str, str, str]]:
     """(candidate, verdict, stage, reasons) rows, flash flavours indented under flash."""
     out = []
@@ -41,10 +62,11 @@ def rows(decision: Decision) -> list[tuple[str, str, str, str]]:
         if r.backend == "fused" and r.supported and r.detail.get("sub_backend") is not None:
             label += f" (sub-backend {r.detail['sub_backend']})"
         shown = r.reasons
+        notes = _notes(r)
         if r.backend == "flash":
             shown = tuple(x for x in r.reasons if not x.code.startswith(("fa2.", "fa3.", "fa4.")))
-        out.append((label, _verdict(r, decision.chosen, None), r.stage,
-                    "\n".join(_reason_text(x) for x in shown)))  # fmt: skip
+        text = "\n".join([*(_reason_text(x) for x in shown), *notes])
+        out.append((label, _verdict(r, decision.chosen, None), r.stage, text))
         shared = {(x.code, x.message) for x in shown}
         for v in r.variants:
             own = [x for x in v.reasons if (x.code, x.message) not in shared]
@@ -60,7 +82,10 @@ def render(decision: Decision, file: TextIO | None = None, width: int | None = N
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=file, width=width, soft_wrap=False)
+    out = file if file is not None else sys.stdout
+    if width is None and not out.isatty():
+        width = 140  # pipes and logs: wide enough that names are not folded
+    console = Console(file=out, width=width, soft_wrap=False)
     dev = decision.device
     title = f"Attention backend on {dev.name} (sm{dev.sm if dev.sm is not None else ' none'})"
     table = Table(title=title, show_lines=True)

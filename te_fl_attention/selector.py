@@ -6,6 +6,9 @@ hashing beyond the dataclasses' own ``__hash__``.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -16,16 +19,13 @@ from .policy import Policy
 from .probes import Probe, default_probes
 from .reasons import Decision, NoBackendError, ProbeResult
 
-#: Stages whose results are worth persisting (rule-only results are recomputed in microseconds).
-STORED_STAGES = frozenset({"import", "graph_build", "compile", "run", "numerics", "measure"})
-
 
 class ResultCache(Protocol):
     """The persistent tier (SQLite store, optionally a remote one behind it)."""
 
-    def get(self, key: Any) -> ProbeResult | None: ...
+    def get_many(self, keys: list[Any]) -> dict[Any, ProbeResult]: ...
 
-    def put(self, key: Any, result: ProbeResult, **kw: Any) -> None: ...
+    def put_many(self, items: list[tuple]) -> int: ...
 
 
 class Selector:
@@ -40,42 +40,82 @@ class Selector:
         self._memo_size = memo_size
         self._lock = threading.Lock()
         self.stats = {"memo_hits": 0, "cache_hits": 0, "probes": 0}
+        self._probe_env: dict[str, Any] | None = None
+        self._vkeys: dict[DeviceProfile, str] = {}
 
     # ------------------------------------------------------------------ results
-    def _cache_key(self, config: FusedAttnConfig, device: DeviceProfile, backend: str) -> Any:
+    def probe_env(self) -> dict[str, Any]:
+        """What this process's probes can run, folded into every cache key: a digest of the
+        probe and rule sources, the installed cuDNN / cudnn-frontend, whether graphs are built.
+        A change in any of them is a miss, never a stale hit."""
+        if self._probe_env is None:
+            from .device import installed_versions
+
+            digest = hashlib.sha256()
+            for p in self.probes:
+                mod = sys.modules.get(type(p).__module__)
+                path = getattr(mod, "__file__", None)
+                if path and os.path.exists(path):
+                    with open(path, "rb") as fh:
+                        digest.update(fh.read())
+                digest.update(repr(sorted(vars(p).items())).encode())
+            for helper in ("base", "common"):
+                with open(os.path.join(os.path.dirname(__file__), "probes", f"{helper}.py"),
+                          "rb") as fh:  # fmt: skip
+                    digest.update(fh.read())
+            inst = installed_versions()
+            self._probe_env = {"rules": digest.hexdigest()[:32], "cudnn": inst["cudnn"],
+                               "cudnn_frontend": inst["cudnn_frontend"]}  # fmt: skip
+        return self._probe_env
+
+    def prepare(self, device: DeviceProfile | str | None = None) -> None:
+        """Start-up work, done once so the first selection is a lookup: resolve the device,
+        digest the probes, compute the device's cache-key parts and open the store."""
+        dev = profile(device)
+        self._cache_keys(FusedAttnConfig(), dev)
+        if self.cache is not None:
+            len(self.cache)
+
+    def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
         from .cache.keys import CacheKey, versions_key
 
-        return CacheKey(config.key(), backend, device.fingerprint(), versions_key(device))
+        vk = self._vkeys.get(device)
+        if vk is None:
+            vk = self._vkeys[device] = versions_key(device, probe_env=self.probe_env())
+        ck, fp = config.key(), device.fingerprint()
+        return {p.name: CacheKey(ck, p.name, fp, vk) for p in self.probes}
 
     def probe_all(self, config: FusedAttnConfig, device: DeviceProfile
                   ) -> tuple[tuple[ProbeResult, ...], str]:  # fmt: skip
-        """Every candidate's raw result (before policy) and where they came from."""
+        """Every candidate's raw result (before policy) and where they came from: the memo,
+        the persistent cache (one query for all candidates), or the probes (then written back
+        in one transaction)."""
         rkey = (config, device)
         hit = self._results.get(rkey)
         if hit is not None:
             return hit, "memo"
-        results, source = [], "probe"
+        keys = self._cache_keys(config, device) if self.cache is not None else {}
+        found = self.cache.get_many(list(keys.values())) if keys else {}
+        results, fresh = [], []
         for p in self.probes:
-            result = None
-            key = None
-            if self.cache is not None:
-                key = self._cache_key(config, device, p.name)
-                result = self.cache.get(key)
-                if result is not None:
-                    self.stats["cache_hits"] += 1
-                    source = "cache"
+            result = found.get(keys[p.name]) if keys else None
             if result is None:
                 result = p.probe(config, device)
                 self.stats["probes"] += 1
-                if self.cache is not None and result.stage in STORED_STAGES:
-                    self.cache.put(key, result, config=config.to_dict(), device=device.to_dict())
+                fresh.append((keys.get(p.name), result))
+            else:
+                self.stats["cache_hits"] += 1
             results.append(result)
+        if self.cache is not None and fresh:
+            self.cache.put_many(
+                [(k, r, config.to_dict(), device.to_dict()) for k, r in fresh]
+            )
         out = tuple(results)
         with self._lock:
             if len(self._results) >= self._memo_size:
                 self._results.clear()
             self._results[rkey] = out
-        return out, source
+        return out, ("probe" if fresh else "cache")
 
     # ------------------------------------------------------------------ decisions
     def decide(self, config: FusedAttnConfig, device: DeviceProfile | str | None = None,
@@ -100,6 +140,9 @@ class Selector:
             detail["flash_variant"] = pol.flavour(by_name["flash"])
         if chosen == "fused":
             detail["fused_sub_backend"] = by_name["fused"].detail.get("sub_backend")
+        drift = {r.backend: r.detail["rule_drift"] for r in raw if r.detail.get("rule_drift")}
+        if drift:
+            detail["rule_drift"] = drift
         decision = Decision(
             config=config,
             device=dev,
@@ -135,10 +178,14 @@ _DEFAULT: Selector | None = None
 
 
 def default_selector() -> Selector:
-    """The process-wide selector (created on first use)."""
+    """The process-wide selector (created on first use). ``TE_FL_ATTN_CUDNN_PROBE=0`` keeps
+    FusedAttention at its rule stage (no cuDNN graph builds)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = Selector()
+        from .cache.store import default_cache
+
+        graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
+        _DEFAULT = Selector(default_probes(graph=graph), cache=default_cache())
     return _DEFAULT
 
 

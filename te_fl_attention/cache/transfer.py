@@ -1,0 +1,578 @@
+"""Moving cached results between machines: JSON Lines export/import, merge, warm start.
+
+Imports treat the file as hostile: every row is checked (types, sizes, nesting, known backends,
+hex keys, no unknown fields) and parsed with :mod:`json` only, so nothing in a file is ever
+executed. A bad row is rejected with its line number and the rest still import. Rows already in
+the cache are never overwritten. Rows for other devices or software stacks are stored, but their
+key only ever matches the device and stack they came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..reasons import ProbeResult
+from .keys import KNOWN_BACKENDS, CacheKey, is_hex64, package_version
+from .store import CacheRow, MemoryCache, ProbeCache, default_cache
+
+FORMAT = "te-fl-attention-cache"
+FORMAT_VERSION = 1
+MAX_STRING = 64 * 1024  # UTF-8 bytes in any one string
+MAX_ROW = 1024 * 1024  # bytes in one line
+MAX_DEPTH = 32  # nesting of objects/arrays in one row
+_BATCH = 5_000
+
+_HEADER_FIELDS = {"format", "format_version", "package_version", "exported_at"}
+_ROW_FIELDS = frozenset({
+    "config_key", "backend", "device_fp", "versions_key", "result", "config", "device",
+    "created_at", "package_version",
+})  # fmt: skip
+_ROW_REQUIRED = frozenset({"config_key", "backend", "device_fp", "versions_key", "result"})
+_RESULT_FIELDS = frozenset({
+    "backend", "supported", "reasons", "stage", "evidence", "elapsed_ms", "detail", "variants",
+})  # fmt: skip
+_REASON_FIELDS = frozenset({"code", "message", "stage", "observed", "limit", "hint"})
+_SCALARS = (str, int, float, bool, type(None))
+
+Cache = ProbeCache | MemoryCache
+
+
+@dataclass
+class ImportReport:
+    """What an import did: rows added, rows skipped (already present / repeated), rejections."""
+
+    imported: int = 0
+    skipped: int = 0
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"imported": self.imported, "skipped": self.skipped,
+                "rejected": [{"line": n, "reason": r} for n, r in self.rejected]}  # fmt: skip
+
+    def __str__(self) -> str:
+        return (f"imported {self.imported}, skipped {self.skipped} (already present), "
+                f"rejected {len(self.rejected)}")  # fmt: skip
+
+
+@dataclass
+class MergeReport:
+    """What a merge did: rows written, same-key conflicts (newer kept), repeats, rejections."""
+
+    written: int = 0
+    conflicts: int = 0
+    duplicates: int = 0
+    rejected: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"written": self.written, "conflicts": self.conflicts,
+                "duplicates": self.duplicates,
+                "rejected": [{"source": s, "line": n, "reason": r}
+                             for s, n, r in self.rejected]}  # fmt: skip
+
+    def __str__(self) -> str:
+        return (f"wrote {self.written} rows, {self.conflicts} conflicts (newer kept), "
+                f"{self.duplicates} duplicates, {len(self.rejected)} rejected")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ export
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def export(cache: Cache, path_or_file: str | os.PathLike[str] | IO[str], *,
+           device_fp: str | None = None) -> int:  # fmt: skip
+    """Write every row (or only ``device_fp``'s) as JSON Lines; returns the number of rows.
+
+    The first line is a header. A row's ``config``/``device`` are written the first time they
+    occur and ``null`` after that (the importer stores them once per config / device).
+    """
+    if isinstance(path_or_file, (str, os.PathLike)):
+        path = Path(path_or_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:  # write aside, then rename: a reader never sees half a file
+            with open(tmp, "x", encoding="utf-8", newline="\n") as f:
+                n = _export_to(cache, f, device_fp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return n
+    return _export_to(cache, path_or_file, device_fp)
+
+
+def _export_to(cache: Cache, f: IO[str], device_fp: str | None) -> int:
+    header = {"format": FORMAT, "format_version": FORMAT_VERSION,
+              "package_version": package_version(), "exported_at": time.time()}  # fmt: skip
+    f.write(_dump(header) + "\n")
+    seen_cfg: str | None = None
+    seen_dev: set[tuple[str, str]] = set()
+    n = 0
+    buf: list[str] = []
+    for row in cache.iter_rows(device_fp=device_fp):
+        d = row.to_dict()
+        if d["config_key"] == seen_cfg:
+            d["config"] = None
+        elif d["config"] is not None:
+            seen_cfg = d["config_key"]
+        ctx = (d["device_fp"], d["versions_key"])
+        if ctx in seen_dev:
+            d["device"] = None
+        elif d["device"] is not None:
+            seen_dev.add(ctx)
+        buf.append(_dump(d))
+        n += 1
+        if len(buf) >= 1000:
+            f.write("\n".join(buf) + "\n")
+            buf.clear()
+    if buf:
+        f.write("\n".join(buf) + "\n")
+    return n
+
+
+# ------------------------------------------------------------------------------------ validation
+def _walk_problem(obj: Any, depth: int = 1) -> str | None:
+    """Depth and string-size limits over a parsed value."""
+    stack: list[tuple[Any, int]] = [(obj, depth)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if _utf8_len(value) > MAX_STRING:
+                return f"a string of {_utf8_len(value)} bytes (limit {MAX_STRING})"
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if _utf8_len(k) > MAX_STRING:
+                        return f"a field name of {_utf8_len(k)} bytes (limit {MAX_STRING})"
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in value)
+    return None
+
+
+def _utf8_len(text: str) -> int:
+    if len(text) * 4 <= MAX_STRING:  # cannot be over the limit: skip the encoding
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _number(value: Any) -> bool:
+    return type(value) is float or type(value) is int
+
+
+def _reason_problem(r: Any, where: str, depth: int) -> str | None:
+    if type(r) is not dict:
+        return f"{where} is not an object"
+    if not r.keys() <= _REASON_FIELDS:
+        unknown = sorted(map(str, r.keys() - _REASON_FIELDS))
+        return f"{where} has unknown field(s): {', '.join(unknown)}"
+    if type(r.get("code")) is not str or type(r.get("message")) is not str:
+        return f"{where}.code and .message must be strings"
+    if type(r.get("stage", "")) is not str:
+        return f"{where}.stage must be a string"
+    hint = r.get("hint")
+    if hint is not None and type(hint) is not str:
+        return f"{where}.hint must be a string or null"
+    for name in ("observed", "limit"):  # free-form JSON: only bounded
+        value = r.get(name)
+        if type(value) in (list, dict):
+            problem = _walk_problem(value, depth + 1)
+            if problem:
+                return f"{where}.{name}: {problem}"
+    return None
+
+
+def _result_problem(res: Any, where: str = "result", depth: int = 2) -> str | None:
+    """Strict type check of a :meth:`ProbeResult.to_dict` value (``depth``: its nesting)."""
+    if type(res) is not dict:
+        return f"{where} is not an object"
+    if not res.keys() <= _RESULT_FIELDS:
+        unknown = sorted(map(str, res.keys() - _RESULT_FIELDS))
+        return f"{where} has unknown field(s): {', '.join(unknown)}"
+    backend = res.get("backend")
+    if backend not in KNOWN_BACKENDS:
+        return f"{where}.backend {str(backend)[:40]!r} is not one of {', '.join(KNOWN_BACKENDS)}"
+    if type(res.get("supported")) is not bool:
+        return f"{where}.supported must be true or false"
+    if type(res.get("stage", "")) is not str or type(res.get("evidence", "")) is not str:
+        return f"{where}.stage and .evidence must be strings"
+    elapsed = res.get("elapsed_ms", 0.0)
+    if not _number(elapsed) or (type(elapsed) is int and abs(elapsed) > 2**53):
+        return f"{where}.elapsed_ms must be a number"
+    detail = res.get("detail", {})
+    if type(detail) is not dict:
+        return f"{where}.detail must be an object"
+    if detail:
+        problem = _walk_problem(detail, depth + 1)
+        if problem:
+            return f"{where}.detail: {problem}"
+    reasons = res.get("reasons", [])
+    if type(reasons) is not list:
+        return f"{where}.reasons must be a list"
+    for i, r in enumerate(reasons):
+        problem = _reason_problem(r, f"{where}.reasons[{i}]", depth + 2)
+        if problem:
+            return problem
+    variants = res.get("variants", [])
+    if type(variants) is not list:
+        return f"{where}.variants must be a list"
+    if variants and depth > 2:
+        return f"{where}.variants: variants cannot have variants"
+    for i, v in enumerate(variants):
+        problem = _result_problem(v, f"{where}.variants[{i}]", depth + 2)
+        if problem:
+            return problem
+    return None
+
+
+def _flat_object_problem(obj: Any, name: str) -> str | None:
+    """``config``/``device``: null or an object of scalars / lists of scalars."""
+    if obj is None:
+        return None
+    if type(obj) is not dict:
+        return f"{name} must be an object or null"
+    if len(obj) > 256:
+        return f"{name} has {len(obj)} fields (limit 256)"
+    for k, v in obj.items():
+        if type(v) is list:
+            if not all(isinstance(x, _SCALARS) for x in v):
+                return f"{name}.{k} must hold only scalars"
+        elif not isinstance(v, _SCALARS):
+            return f"{name}.{k} must be a scalar or a list of scalars"
+    return None
+
+
+def validate_row(obj: Any, raw_size: int | None = None) -> CacheRow | str:
+    """A checked :class:`CacheRow` from one parsed export row, or the reason it is rejected.
+
+    ``raw_size`` is the row's length in the file: rows under :data:`MAX_STRING` bytes cannot
+    hold an over-long string, so the string-size walk is skipped for them.
+    """
+    if type(obj) is not dict:
+        return "row is not a JSON object"
+    keys = obj.keys()
+    if not keys <= _ROW_FIELDS:
+        return f"unknown field(s): {', '.join(sorted(map(str, keys - _ROW_FIELDS)))}"
+    if not keys >= _ROW_REQUIRED:
+        return f"missing field(s): {', '.join(sorted(_ROW_REQUIRED - keys))}"
+    if raw_size is None or raw_size > MAX_STRING:
+        problem = _walk_problem(obj)
+        if problem:
+            return problem
+    ck, backend, fp, vk = obj["config_key"], obj["backend"], obj["device_fp"], obj["versions_key"]
+    if not (is_hex64(ck) and is_hex64(fp) and is_hex64(vk)):
+        return "config_key, device_fp and versions_key must be 64 lowercase hex characters"
+    if backend not in KNOWN_BACKENDS:
+        return f"backend {str(backend)[:40]!r} is not one of {', '.join(KNOWN_BACKENDS)}"
+    result = obj["result"]
+    problem = _result_problem(result)
+    if problem:
+        return problem
+    if result["backend"] != backend:
+        return f"result.backend {result['backend']!r} does not match backend {backend!r}"
+    try:
+        ProbeResult.from_dict(result)
+    except Exception as exc:  # noqa: BLE001 - any failure is a rejection
+        return f"result is not a valid ProbeResult: {type(exc).__name__}: {exc}"[:300]
+    config, device = obj.get("config"), obj.get("device")
+    if config is not None or device is not None:
+        problem = _flat_object_problem(config, "config") or _flat_object_problem(device, "device")
+        if problem:
+            return problem
+    created = obj.get("created_at", 0.0)
+    if not _number(created) or not 0 <= created < 1e11:
+        return "created_at must be a unix time (a non-negative number)"
+    pkg = obj.get("package_version", "")
+    if type(pkg) is not str or len(pkg) > 128:
+        return "package_version must be a string of at most 128 characters"
+    return CacheRow(CacheKey(ck, backend, fp, vk), result, float(created), pkg, config, device)
+
+
+def _header_problem(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return "the first line is not a header object"
+    if obj.get("format") != FORMAT:
+        return f"not a {FORMAT} file (format={str(obj.get('format'))[:60]!r})"
+    unknown = obj.keys() - _HEADER_FIELDS
+    if unknown:
+        return f"header has unknown field(s): {', '.join(sorted(map(str, unknown)))}"
+    version = obj.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        return "header format_version must be an integer"
+    if version != FORMAT_VERSION:
+        return f"format_version {version} is not supported (this package reads {FORMAT_VERSION})"
+    if not isinstance(obj.get("package_version", ""), str):
+        return "header package_version must be a string"
+    if not _number(obj.get("exported_at", 0)):
+        return "header exported_at must be a number"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- readers
+Item = tuple[int, Any, "int | None"]  # (line number, parsed object or _Bad, raw size)
+
+
+class _Bad(str):
+    """A line that could not be parsed (the string is the reason)."""
+
+
+def _lines(f: IO[bytes], end: int | None = None) -> Iterator[tuple[int, bytes | None]]:
+    """Numbered lines (up to byte offset ``end``), ``None`` for a line over :data:`MAX_ROW` bytes
+    (skipped, never read whole)."""
+    n = 0
+    while True:
+        if end is not None and f.tell() >= end:
+            return
+        line = f.readline(MAX_ROW + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_ROW and not line.endswith(b"\n"):
+            while True:  # discard the rest of the over-long line in bounded chunks
+                rest = f.readline(MAX_ROW)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield n, None
+            continue
+        yield n, line
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))  # str parses much faster than bytes
+    except RecursionError:
+        return _Bad(f"nested deeper than {MAX_DEPTH} levels")
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
+        return _Bad(f"not valid JSON: {str(exc)[:120]}")
+
+
+def _read_jsonl(f: IO[bytes], *, header: bool = True, end: int | None = None) -> Iterator[Item]:
+    """Parsed rows of an export: the header is checked first; a bad header ends the file.
+
+    ``header=False``/``end``: a slice of the rows (for parallel import), from ``f``'s position.
+    """
+    header_seen = not header
+    for n, line in _lines(f, end):
+        if line is None:
+            yield n, _Bad(f"line longer than {MAX_ROW} bytes"), None
+            if not header_seen:
+                return
+            continue
+        if not line.strip():
+            continue
+        obj = _parse(line)
+        if not header_seen:
+            problem = obj if isinstance(obj, _Bad) else _header_problem(obj)
+            if problem:
+                yield n, _Bad(f"bad header: {problem}"), None
+                return
+            header_seen = True
+            continue
+        yield n, obj, len(line)
+    if not header_seen:
+        yield 0, _Bad("empty file: no header"), None
+
+
+def read_header(path: str | os.PathLike[str]) -> tuple[int, str | None]:
+    """``(bytes the header line takes, problem or None)`` for a JSON Lines export."""
+    with open(path, "rb") as f:
+        first = f.readline(MAX_ROW + 1)
+    if not first or len(first) > MAX_ROW:
+        return len(first), "bad header: missing or too long"
+    obj = _parse(first)
+    problem = obj if isinstance(obj, _Bad) else _header_problem(obj)
+    return len(first), f"bad header: {problem}" if problem else None
+
+
+def _read_store(path: Path) -> Iterator[Item]:
+    """Rows of another SQLite store, as export rows (checked like any import)."""
+    src = ProbeCache(path, readonly=True)
+    try:
+        len(src)
+        if src.mode == "memo":
+            yield 0, _Bad("not a readable te_fl_attention cache store"), None
+            return
+        for i, row in enumerate(src.iter_rows(), start=1):
+            yield i, row.to_dict(), None
+    finally:
+        src.close()
+
+
+def is_sqlite(path: str | os.PathLike[str]) -> bool:
+    """True if the file starts with the SQLite header."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _source(path_or_file: str | os.PathLike[str] | IO[Any]) -> Iterator[Iterator[Item]]:
+    if not isinstance(path_or_file, (str, os.PathLike)):
+        f = path_or_file
+        if isinstance(f, io.TextIOBase):
+            f = io.BytesIO(f.read().encode("utf-8"))
+        yield _read_jsonl(f)
+        return
+    if is_sqlite(path_or_file):
+        yield _read_store(Path(path_or_file))
+        return
+    with open(path_or_file, "rb") as f:
+        yield _read_jsonl(f)
+
+
+# ------------------------------------------------------------------------------------------ import
+def _checked(items: Iterable[Item], rejected: list[tuple[int, str]]) -> Iterator[CacheRow]:
+    for n, obj, size in items:
+        result = obj if isinstance(obj, _Bad) else validate_row(obj, size)
+        if isinstance(result, str):
+            rejected.append((n, str(result)))
+        else:
+            yield result
+
+
+def import_(cache: Cache, path: str | os.PathLike[str] | IO[Any], *,
+            workers: int | None = None) -> ImportReport:  # fmt: skip
+    """Import an export file (or another store's rows); never overwrites a stored row.
+
+    Repeated keys in the file: the first wins, later ones are skipped. A large export (32 MiB+)
+    going into a writable store is checked by ``workers`` processes in parallel (default: one per
+    CPU, at most 8, and none below 4 CPUs; ``workers=1``: never); the result is the same as a
+    serial import.
+    """
+    if isinstance(path, (str, os.PathLike)) and isinstance(cache, ProbeCache):
+        from . import _parallel
+
+        report = _parallel.maybe_parallel_import(cache, path, workers)
+        if report is not None:
+            return report
+    return import_serial(cache, path)
+
+
+def import_serial(cache: Cache, path: str | os.PathLike[str] | IO[Any], *, start: int = 0,
+                  end: int | None = None) -> ImportReport:  # fmt: skip
+    """:func:`import_` in this process; ``start``/``end``: only the rows in that byte range of
+    a JSON Lines export (the header is not checked then; line numbers count from ``start``)."""
+    report = ImportReport()
+    if start or end is not None:
+        with open(path, "rb") as f, _gc_paused():  # type: ignore[arg-type]
+            f.seek(start)
+            _import_items(cache, _read_jsonl(f, header=False, end=end), report)
+        return report
+    with _source(path) as items, _gc_paused():
+        _import_items(cache, items, report)
+    return report
+
+
+def _import_items(cache: Cache, items: Iterable[Item], report: ImportReport) -> None:
+    batch: list[CacheRow] = []
+    for row in _checked(items, report.rejected):
+        batch.append(row)
+        if len(batch) >= _BATCH:
+            _flush(cache, batch, report)
+    _flush(cache, batch, report)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: parsed rows hold no cycles, and GC passes dominate big imports."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _flush(cache: Cache, batch: list[CacheRow], report: ImportReport) -> None:
+    if batch:
+        written = cache.put_many(batch, on_conflict="ignore", checked=True)
+        report.imported += written
+        report.skipped += len(batch) - written
+        batch.clear()
+
+
+def warm_from(path: str | os.PathLike[str]) -> ImportReport:
+    """Import an export (or another store file) into the default cache, for job launchers."""
+    return import_(default_cache(), path)
+
+
+# ------------------------------------------------------------------------------------------- merge
+def merge(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str],
+          out_path: str | os.PathLike[str]) -> MergeReport:  # fmt: skip
+    """Union of two exports or stores into a new store (or a ``.jsonl`` export).
+
+    Same-key rows with different results are conflicts: the later ``created_at`` wins.
+    """
+    out = Path(out_path)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; merge writes a new file")
+    report = MergeReport()
+    if out.suffix == ".jsonl":
+        with tempfile.TemporaryDirectory(prefix="te-fl-merge-") as tmp:
+            store = ProbeCache(Path(tmp) / "merge.sqlite")
+            try:
+                _merge_into(store, (a_path, b_path), report)
+                report.written = export(store, out)
+            finally:
+                store.close()
+        return report
+    store = ProbeCache(out)
+    try:
+        _merge_into(store, (a_path, b_path), report)
+        report.written = len(store)
+    finally:
+        store.close()
+    return report
+
+
+def _merge_into(store: ProbeCache, sources: Iterable[str | os.PathLike[str]],
+                report: MergeReport) -> None:  # fmt: skip
+    for src in sources:
+        rejected: list[tuple[int, str]] = []
+        with _source(src) as items, _gc_paused():
+            batch: list[CacheRow] = []
+            for row in _checked(items, rejected):
+                batch.append(row)
+                if len(batch) >= _BATCH:
+                    _merge_batch(store, batch, report)
+            _merge_batch(store, batch, report)
+        report.rejected.extend((str(src), n, r) for n, r in rejected)
+
+
+def _merge_batch(store: ProbeCache, batch: list[CacheRow], report: MergeReport) -> None:
+    if not batch:
+        return
+    existing: dict[CacheKey, CacheRow] = dict(store.get_rows(r.key for r in batch))
+    winners: dict[CacheKey, CacheRow] = {}
+    for row in batch:
+        old = winners.get(row.key) or existing.get(row.key)
+        if old is not None:
+            if _same(old.result, row.result):
+                report.duplicates += 1
+                continue
+            report.conflicts += 1
+            if row.created_at <= old.created_at:
+                continue
+        winners[row.key] = row
+    store.put_many(winners.values(), on_conflict="replace", checked=True)
+    batch.clear()
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return ProbeResult.from_dict(a) == ProbeResult.from_dict(b)

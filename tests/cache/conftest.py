@@ -1,0 +1,45 @@
+"""Shared fixtures for the probe-cache tests: an isolated default cache and sample results."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from cache_testutil import Records
+
+from te_fl_attention.cache import ProbeCache, reset_default_cache
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_cache(tmp_path, monkeypatch) -> Iterator[None]:
+    """Point the default cache at a temp file; never touch the user's real cache."""
+    monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "default-cache" / "probes.sqlite"))
+    monkeypatch.delenv("TE_FL_ATTN_CACHE_READONLY", raising=False)
+    reset_default_cache()
+    yield
+    reset_default_cache()
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    return tmp_path / "store" / "probes.sqlite"
+
+
+@pytest.fixture
+def store(store_path) -> Iterator[ProbeCache]:
+    cache = ProbeCache(store_path)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture
+def cache_log() -> Iterator[Records]:
+    logger = logging.getLogger("te_fl_attention.cache")
+    handler = Records()
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)

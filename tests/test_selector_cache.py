@@ -1,0 +1,75 @@
+"""The selector's persistent tier: a later process starts warm; any version change misses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from te_fl_attention import FusedAttnConfig, Policy, Selector
+from te_fl_attention.cache import MemoryCache
+from te_fl_attention.device import profile
+from te_fl_attention.presets import preset
+
+JOB = r"""
+import json, sys
+from te_fl_attention import FusedAttnConfig
+from te_fl_attention.presets import preset
+from te_fl_attention.selector import default_selector
+sel = default_selector()
+d = sel.decide(FusedAttnConfig(**preset("llama3-8b")), sys.argv[1])
+print(json.dumps({"chosen": d.chosen, "source": d.source, "stats": sel.stats,
+                  "fused": d.result("fused").to_dict()}))
+"""
+
+
+def job(tmp_path, device: str = "h100", **env: str) -> dict:
+    e = {**os.environ, "TE_FL_ATTN_CACHE": str(tmp_path / "probes.sqlite"), **env}
+    p = subprocess.run([sys.executable, "-c", JOB, device], capture_output=True, text=True,
+                       env=e, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_second_job_starts_warm(tmp_path):
+    cold = job(tmp_path)
+    warm = job(tmp_path)
+    assert cold["stats"]["probes"] == 4 and cold["source"] == "probe"
+    assert warm["stats"] == {"memo_hits": 0, "cache_hits": 4, "probes": 0}
+    assert warm["source"] == "cache" and warm["chosen"] == cold["chosen"] == "fused"
+    assert warm["fused"] == cold["fused"]  # the stored result, byte for byte
+
+
+def test_library_version_change_misses(tmp_path):
+    job(tmp_path)
+    other = job(tmp_path, "h100:torch=2.12.0")
+    assert other["stats"]["probes"] == 4 and other["stats"]["cache_hits"] == 0
+
+
+def test_cache_off_keeps_nothing(tmp_path):
+    job(tmp_path, TE_FL_ATTN_CACHE="off")
+    again = job(tmp_path, TE_FL_ATTN_CACHE="off")
+    assert again["stats"]["probes"] == 4
+    assert not (tmp_path / "probes.sqlite").exists()
+
+
+def test_same_config_from_two_selectors_is_one_row_per_backend():
+    cache = MemoryCache()
+    cfg = FusedAttnConfig(**preset("llama3-8b"))
+    for _ in range(2):
+        Selector(cache=cache).decide(FusedAttnConfig(**cfg.to_dict()), profile("h100"), Policy())
+    assert len(cache) == 4
+
+
+@pytest.mark.parametrize("change", [{"cudnn": "9.20.0"}, {"flash_attn": "2.7.4"}])
+def test_versions_key_covers_the_stack(change):
+    cache = MemoryCache()
+    cfg = FusedAttnConfig()
+    s = Selector(cache=cache)
+    s.decide(cfg, profile("h100"), Policy())
+    s2 = Selector(cache=cache)
+    s2.decide(cfg, profile("h100").with_overrides(change), Policy())
+    assert s2.stats["cache_hits"] == 0 and len(cache) == 8
