@@ -5,14 +5,15 @@ from __future__ import annotations
 from .base import Probe
 
 
-def default_probes() -> tuple[Probe, ...]:
-    """The four candidates, in display order (fused, flash, triton, unfused)."""
+def default_probes(graph: bool = True) -> tuple[Probe, ...]:
+    """The four candidates, in display order (fused, flash, triton, unfused). ``graph=False``
+    keeps FusedAttention at its rule stage (no cuDNN graph builds)."""
     from .cudnn import CudnnProbe
     from .flash_attn import FlashAttnProbe
     from .triton_flash import TritonFlashProbe
     from .unfused import UnfusedProbe
 
-    return (CudnnProbe(), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe())
+    return (CudnnProbe(graph=graph), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe())
 
 
 __all__ = ["Probe", "default_probes"]

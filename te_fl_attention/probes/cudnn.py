@@ -13,12 +13,14 @@ Two rule groups run here:
 
 from __future__ import annotations
 
-import dataclasses
+import importlib.util
+import time
+from typing import Any
 
 from ..config import FusedAttnConfig
 from ..device import DeviceProfile
-from ..reasons import Reason
-from .base import Rule, RuleProbe, cudnn_version, fmt_version, no_gpu, reject
+from ..reasons import ProbeResult, Reason
+from .base import Rule, RuleProbe, cudnn_version, evaluate, fmt_version, no_gpu, reject, version
 from .common import ALL_BACKENDS
 
 F16_ARBITRARY_SEQLEN = 1
@@ -768,14 +770,98 @@ TABLE_RULES: tuple[Rule, ...] = tuple(_known_device(r) for r in (
 
 
 class CudnnProbe(RuleProbe):
-    """The ``fused`` candidate. Rule stage only here; the cuDNN graph build plugs in after it."""
+    """The ``fused`` candidate: TE's Python filters (binding), the support-table prediction,
+    then, with ``graph=True``, cuDNN itself builds the graph (:mod:`.cudnn_graph`, deviceless
+    for catalog GPUs). cuDNN's verdict replaces the table's; a disagreement is recorded in
+    ``detail["rule_drift"]``. Without cudnn-frontend, or for a cuDNN version other than the
+    installed one, the table's verdict stands, marked ``detail["predicted"]``."""
 
     name = "fused"
     RULES = (*PYTHON_RULES, *TABLE_RULES, determinism)
 
-    def probe(self, config: FusedAttnConfig, device: DeviceProfile):  # noqa: D102
-        result = super().probe(config, device)
-        if result.supported:
-            detail = {"sub_backend": fused_sub_backend(config), "cudnn": device.cudnn}
-            return dataclasses.replace(result, detail=detail)
-        return result
+    def __init__(self, graph: bool = False, timeout_s: float = 60.0):
+        self.graph = graph
+        self.timeout_s = timeout_s
+
+    def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        t0 = time.perf_counter()
+        binding = evaluate((*PYTHON_RULES, determinism), config, device)
+        predicted = evaluate(TABLE_RULES, config, device)
+        detail: dict[str, Any] = {"sub_backend": fused_sub_backend(config), "cudnn": device.cudnn}
+        answer, note = (None, None)
+        if not binding and self.graph:
+            answer, note = self._ask_cudnn(config, device)
+        if answer is None or not answer.get("decided"):
+            reasons = (*binding, *predicted)
+            detail["predicted"] = not binding  # the verdict rests on the table's prediction
+            if note is not None:
+                detail["graph_note"] = note.message
+            return ProbeResult(
+                backend=self.name, supported=not reasons, reasons=tuple(reasons),
+                stage=reasons[0].stage if reasons else "rule", evidence="rules",
+                elapsed_ms=(time.perf_counter() - t0) * 1e3,
+                detail=detail if not reasons else {"predicted": detail["predicted"]},
+            )  # fmt: skip
+        ok = bool(answer["supported"])
+        detail.update(
+            plans=answer.get("plans") or {}, heur_mode=answer.get("heur_mode"),
+            cudnn=answer.get("cudnn_version"), mode=answer.get("mode"),
+        )  # fmt: skip
+        if ok == bool(predicted):  # the table predicted the opposite of cuDNN's answer
+            detail["rule_drift"] = {
+                "rules": "refused" if predicted else "accepted",
+                "cudnn": "accepted" if ok else "refused",
+                "rule_codes": [r.code for r in predicted],
+            }
+        reasons = ()
+        if not ok:
+            graph, step = answer.get("graph") or "fwd", answer.get("step") or "?"
+            text = (answer.get("message") or answer.get("summary") or "").strip()
+            reasons = (reject("cudnn.not_supported",
+                              f"cuDNN {answer.get('cudnn_version')} refused the {graph} graph at "
+                              f"{step}: {text[:2000]}", observed=f"{graph}.{step}",
+                              limit="a plan cuDNN supports", stage="graph_build"),)  # fmt: skip
+        mode = answer.get("mode") or "deviceless"
+        return ProbeResult(
+            backend=self.name, supported=ok, reasons=reasons, stage="graph_build",
+            evidence=f"cudnn {answer.get('cudnn_version')} graph ({mode})",
+            elapsed_ms=(time.perf_counter() - t0) * 1e3, detail=detail if ok else
+            {k: v for k, v in detail.items() if k in ("rule_drift", "cudnn", "mode")},
+        )  # fmt: skip
+
+    def _ask_cudnn(self, config: FusedAttnConfig, device: DeviceProfile
+                   ) -> tuple[dict[str, Any] | None, Reason | None]:  # fmt: skip
+        """cuDNN's answer for this config on this device, or why it cannot be asked."""
+        installed = installed_cudnn()
+        if importlib.util.find_spec("cudnn") is None or installed is None:
+            return None, reject("cudnn.unavailable", "cudnn-frontend / libcudnn not installed: "
+                                "the support-table prediction stands", stage="graph_build",
+                                hint="pip install 'te-fl-attention[cudnn]'")  # fmt: skip
+        want = cudnn_version(device)
+        if want is not None and want != installed:
+            return None, reject("cudnn.version_mismatch", f"the installed cuDNN "
+                                f"{fmt_version(installed)} cannot answer for cuDNN "
+                                f"{fmt_version(want)}: the support-table prediction stands",
+                                stage="graph_build")  # fmt: skip
+        from ..descriptors import descriptor_for
+        from .cudnn_worker import get_worker
+
+        real = device.source == "local"  # a local GPU: plan with a real handle
+        answer = get_worker().probe(config.to_dict(), None if real else descriptor_for(device),
+                                    device.sm, timeout_s=self.timeout_s, use_real_gpu=real)
+        if not answer.get("decided"):
+            return answer, reject(answer.get("code") or "cudnn.undecided",
+                                  answer.get("message") or "cuDNN could not be asked",
+                                  stage="graph_build")  # fmt: skip
+        return answer, None
+
+
+def installed_cudnn() -> tuple[int, int, int] | None:
+    """The cuDNN version the probe worker would load (package metadata, no import)."""
+    from ..device import installed_versions
+
+    v = version(installed_versions()["cudnn"])
+    if v is None:
+        return None
+    rel = (*v.release, 0, 0)
+    return (rel[0], rel[1], rel[2])

@@ -3,7 +3,7 @@
 TE runs on CPU (see ``te_cpu.py``) with the device's compute capability, cuDNN version and
 flash-attn installs patched in, and its C++ cuDNN query answering "supported". For a seeded set
 of configs on catalog devices we compare TE's ``available_backends`` with our
-``Selector().decide(config, device, Policy())``:
+``RULES_ONLY().decide(config, device, Policy())``:
 
 * ``flash`` / ``flash_variant``: FlashAttention available, and which flavour (FA4 > FA3 > FA2);
 * ``unfused``;
@@ -31,9 +31,14 @@ import te_cpu
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import DeviceProfile, profile
 from te_fl_attention.policy import Policy
-from te_fl_attention.probes import cudnn, flash_attn
+from te_fl_attention.probes import cudnn, default_probes, flash_attn
 from te_fl_attention.probes.base import evaluate
 from te_fl_attention.selector import Selector
+
+
+def RULES_ONLY() -> Selector:  # noqa: N802 - reads like a constant at call sites
+    """Our rule stage only (no cuDNN graph builds), to compare like for like with TE."""
+    return Selector(default_probes(graph=False))
 
 # ------------------------------------------------------------------------------- the devices
 #: Catalog GPUs (sm80/89/90/100/120, and sm75) with FA2 2.8.3 and cuDNN 9.28.1 unless overridden;
@@ -273,7 +278,7 @@ def parity(te_selector: te_cpu.TE) -> Summary:
     s = Summary()
     for spec in DEVICES:
         d = profile(spec)
-        selector = Selector()
+        selector = RULES_ONLY()
         s.unexpected[spec] = []
         for c in CONFIGS:
             mismatches, counts, answer, decision = compare(te_selector, selector, c, spec, d)
@@ -311,21 +316,21 @@ def test_parity_covers_enough(parity: Summary) -> None:
 def test_comparison_catches_a_wrong_rule(te_selector: te_cpu.TE, monkeypatch) -> None:
     """Drop FA2's head-dim rule: the comparison must flag TE's refusal of head_dim 264."""
     c, spec = FusedAttnConfig(head_dim_qk=264, is_training=False), "a100"
-    assert compare(te_selector, Selector(), c, spec, profile(spec))[0] == []
+    assert compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0] == []
     fa2 = tuple(r for r in flash_attn.FA2 if r is not flash_attn.fa2_head_dim)
     monkeypatch.setitem(flash_attn.FLAVOUR_RULES, "fa2", fa2)
-    fields = {m.field for m in compare(te_selector, Selector(), c, spec, profile(spec))[0]}
+    fields = {m.field for m in compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0]}
     assert {"flash", "selected"} <= fields
 
 
 def test_fa3_softcap_difference_is_the_documented_one(te_selector: te_cpu.TE) -> None:
     c, spec = FusedAttnConfig(softcap=30.0), "h100:fa3=3.0.0b1"
-    mismatches, _, answer, decision = compare(te_selector, Selector(), c, spec, profile(spec))
+    mismatches, _, answer, decision = compare(te_selector, RULES_ONLY(), c, spec, profile(spec))
     assert answer.flash_flavour == "fa3"  # TE: a softcap-capable FA3 build runs it
     assert decision.result("flash").detail["variant"] == "fa2"  # ours: FA3 refused
     assert mismatches and all(EXPECTED_DIFFERENCES[0].matches(m, decision) for m in mismatches)
     strict = te_cpu.TE(fa3_supports_softcap=False)  # an FA3 build without softcap: agreement
-    assert compare(strict, Selector(), c, spec, profile(spec))[0] == []
+    assert compare(strict, RULES_ONLY(), c, spec, profile(spec))[0] == []
 
 
 def test_attention_params_round_trip(te_selector: te_cpu.TE) -> None:
