@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +71,8 @@ def main() -> None:
         with open(cfg_file, "w") as fh:
             json.dump(cfgs, fh)
         store = os.path.join(tmp, "probes.sqlite")
-        t = time.perf_counter()
         cold = run_phase(cfg_file, store)
         warm = run_phase(cfg_file, store)
-        wall = time.perf_counter() - t
     assert warm["stats"]["probes"] == 0, warm["stats"]
     ratio = cold["total_s"] / warm["total_s"]
     print(

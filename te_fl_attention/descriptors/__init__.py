@@ -16,9 +16,11 @@ the compute capability times 100 (``900`` for sm90).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -136,9 +138,40 @@ def _load_text(name: str) -> str:
         ) from None
 
 
-def load_descriptor(name: str) -> dict[str, Any]:
-    """The descriptor of a catalog GPU (``"h100"``), including our ``_sources`` metadata."""
+def captured_dir() -> Path:
+    """Where captured descriptors live (``TE_FL_ATTN_DESCRIPTORS`` or the user data dir); a
+    file ``NAME.json`` there replaces the typed catalog descriptor of ``NAME``."""
+    env = os.environ.get("TE_FL_ATTN_DESCRIPTORS")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("te_fl_attention")) / "descriptors"
+
+
+def install_captured(name: str, desc: Mapping[str, Any]) -> Path:
+    """Store a captured descriptor so it replaces the typed one for catalog GPU ``name``."""
     key = name.strip().lower()
+    if key not in CATALOG_NAMES:
+        raise DescriptorError(f"no catalog GPU {name!r}; known: {', '.join(CATALOG_NAMES)}")
+    validate_descriptor(desc)
+    path = captured_dir() / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**desc, "_captured": True}, indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def load_descriptor(name: str) -> dict[str, Any]:
+    """The descriptor of a catalog GPU (``"h100"``): a captured one when installed (see
+    :func:`captured_dir`), else the typed file with our ``_sources`` metadata."""
+    key = name.strip().lower()
+    captured = captured_dir() / f"{key}.json"
+    if key in CATALOG_NAMES and captured.is_file():
+        desc = json.loads(captured.read_text(encoding="utf-8"))
+        validate_descriptor(desc)
+        return desc
     if key not in CATALOG_NAMES:
         raise DescriptorError(
             f"no device descriptor for {name!r}; known: {', '.join(CATALOG_NAMES)}"
@@ -260,10 +293,19 @@ def capture_local_descriptor(ordinal: int = 0) -> dict[str, Any]:
     **Never ran on a GPU**: this machine has no NVIDIA driver, so this path is untested. It needs a
     working driver and raises :class:`DescriptorError` without one.
     """
+    from ..device import local
+
+    if not local().has_gpu:
+        raise DescriptorError("no CUDA GPU on this machine: nothing to capture (use a catalog "
+                              "descriptor, e.g. --device h100, for a what-if answer)")  # fmt: skip
     try:
         return _capture_with_cuda_bindings(ordinal)
     except ImportError:
         pass
+    except DescriptorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a driver problem, reported as such
+        raise DescriptorError(f"capturing the device failed: {exc}") from exc
     return _capture_with_torch(ordinal)
 
 
