@@ -90,11 +90,17 @@ def _result(candidate: str, config: FusedAttnConfig, device_spec: str) -> ProbeR
     return probe().probe(config, dev)
 
 
+#: Reasons about installation, not features: left out of the matrix.
+_INSTALL_CODES = ("triton.kernel_missing", "triton.not_installed")
+
+
 def cell(candidate: str, config: FusedAttnConfig, device: str) -> tuple[bool, list[str]]:
-    """(accepted, reason codes) by the rule stage; installation/import reasons are ignored."""
+    """(accepted, reason codes) of the rule stage (and installed validators, such as
+    flash-attn-4's head-dim check); whether a library is installed is left out."""
     spec = device + (":" + COLUMNS_FOR[candidate] if COLUMNS_FOR[candidate] else "")
     result = _result(candidate, config, spec)
-    codes = [r.code for r in result.reasons if r.stage == "rule"]
+    codes = [r.code for r in result.reasons
+             if not r.code.endswith(".not_installed") and r.code not in _INSTALL_CODES]  # fmt: skip
     return not codes, codes
 
 

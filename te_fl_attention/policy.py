@@ -1,7 +1,9 @@
 """Everything a user can say about the choice: NVTE_* switches, forcing, preferring, ordering.
 
 Environment variables are read with ``os.environ.get`` (torch.compile guards those reads).
-The policy never probes; it filters probe results and orders the survivors.
+The policy never probes; it filters probe results and orders the survivors. ``verify`` and
+``measure`` ask the selector for two extra stages (numerical verification, timing); with timings,
+the policy orders the timed candidates fastest first.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ ALIASES = {
 ENV_VARS = (
     "NVTE_FLASH_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4",
     "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_UnfusedDPA_Emulate_FP8", "TE_FL_ATTN_TRITON",
-    "TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER",
+    "TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER", "TE_FL_ATTN_VERIFY", "TE_FL_ATTN_MEASURE",
 )  # fmt: skip
 _FROM_ENV: dict[tuple, Policy] = {}
 _PREFER: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("prefer", default=())
@@ -71,6 +73,8 @@ class Policy:
     unfused_fp8_emulation: bool = False
     force: str | None = None
     prefer: tuple[str, ...] = ()
+    verify: bool = False
+    measure: bool = False
 
     def __post_init__(self) -> None:
         if self.force is not None:
@@ -81,8 +85,9 @@ class Policy:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Policy:
         """Read TE's switches (NVTE_FLASH_ATTN[_V2/_V3/_V4], NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN,
         NVTE_UnfusedDPA_Emulate_FP8) and ours (TE_FL_ATTN_TRITON, TE_FL_ATTN_FORCE,
-        TE_FL_ATTN_PREFER), plus any active :func:`prefer` context. Parsed policies are reused
-        for identical raw values, so the per-call cost is the env reads."""
+        TE_FL_ATTN_PREFER, TE_FL_ATTN_VERIFY, TE_FL_ATTN_MEASURE), plus any active
+        :func:`prefer` context. Parsed policies are reused for identical raw values, so the
+        per-call cost is the env reads."""
         env = os.environ if environ is None else environ
         raw = (*(env.get(v) for v in ENV_VARS), _PREFER.get())
         if not overrides:
@@ -103,6 +108,8 @@ class Policy:
             unfused_fp8_emulation=_flag(values, "NVTE_UnfusedDPA_Emulate_FP8", "0"),
             force=values.get("TE_FL_ATTN_FORCE") or None,
             prefer=raw[-1] + prefer,
+            verify=_flag(values, "TE_FL_ATTN_VERIFY", "0"),
+            measure=_flag(values, "TE_FL_ATTN_MEASURE", "0"),
         )
         kw.update(overrides)
         policy = cls(**kw)  # type: ignore[arg-type]
@@ -188,9 +195,12 @@ class Policy:
         return result
 
     # ------------------------------------------------------------------ ordering
-    def order(self, sm: int | None) -> tuple[str, ...]:
+    def order(self, sm: int | None, timings: Mapping[str, float] | None = None
+              ) -> tuple[str, ...]:  # fmt: skip
         """TE's priority (sm >= 90: fused > flash > unfused; else flash > fused > unfused) with
-        Triton after flash-attn in the flash tier; preferred names first; a forced one alone."""
+        Triton after flash-attn in the flash tier; preferred names first; a forced one alone.
+        With ``timings`` (measured mode: candidate -> ms), the timed candidates trade places among
+        their own slots, fastest first; an untimed candidate keeps its slot (rules decide)."""
         if self.force is not None:
             return (_candidate(self.force),)
         base = ["fused", "flash", "triton", "unfused"] if (sm or 0) >= 90 else \
@@ -200,14 +210,21 @@ class Policy:
             c = _candidate(p)
             if c not in front:
                 front.append(c)
-        return tuple(front + [b for b in base if b not in front])
+        rest = [b for b in base if b not in front]
+        times = timings or {}
+        ranked = iter(sorted((b for b in rest if b in times), key=lambda b: times[b]))
+        return tuple(front + [next(ranked) if b in times else b for b in rest])
 
-    def flavour(self, flash: ProbeResult) -> str | None:
-        """Which supported flash-attn flavour runs: a forced/preferred one, else FA4 > FA3 > FA2."""
+    def flavour(self, flash: ProbeResult, timings: Mapping[str, float] | None = None
+                ) -> str | None:  # fmt: skip
+        """Which supported flash-attn flavour runs: a forced/preferred one, else the fastest timed
+        one (measured mode), else FA4 > FA3 > FA2."""
         wanted = [n for n in ((self.force,) if self.force else self.prefer)
                   if n in FLASH_FLAVOURS]  # fmt: skip
         ok = {v.backend for v in flash.variants if v.supported}
-        for name in (*wanted, "fa4", "fa3", "fa2"):
+        fastest = sorted((n for n in ok if n in (timings or {})),
+                         key=lambda n: timings[n])  # type: ignore[index]  # fmt: skip
+        for name in (*wanted, *fastest, "fa4", "fa3", "fa2"):
             if name in ok:
                 return name
         return None

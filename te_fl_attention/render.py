@@ -43,9 +43,33 @@ def _notes(r: ProbeResult) -> list[str]:
                      f", cuDNN {drift['cudnn']}; cuDNN's verdict wins")  # fmt: skip
     if r.detail.get("predicted"):
         why = r.detail.get("graph_note")
-        notes.append("predicted by the support table" + (f" ({why})" if why else ""))
+        what = "the support table" if r.backend == "fused" else "the rules (nothing ran)"
+        notes.append(f"predicted by {what}" + (f" ({why})" if why else ""))
     if r.evidence != "rules":
         notes.append(f"evidence: {r.evidence}")
+    return notes + _stage_notes(r)
+
+
+def _stage_notes(r: ProbeResult) -> list[str]:
+    """Verification and timing notes (measured / verified mode), and skipped tiny runs."""
+    notes = []
+    if r.detail.get("run_note"):
+        notes.append(str(r.detail["run_note"]))
+    num = r.detail.get("numerics") or {}
+    if num.get("skipped"):
+        notes.append(f"numerics: {num['skipped']}")
+    elif num.get("max_error"):
+        errs = num["max_error"]
+        worst = max(errs, key=lambda n: errs[n])
+        ok = "<=" if errs[worst] <= num["tolerance"] else ">"
+        notes.append(f"numerics: max error {errs[worst]:.2g} ({worst}) {ok} {num['tolerance']:g}"
+                     + "".join(f"; {n}" for n in num.get("notes") or ()))  # fmt: skip
+    t = r.detail.get("timings_ms")
+    if t:
+        parts = [f"{k.replace('_', '+')} {v:.3g} ms" for k, v in t.items()]
+        notes.append(f"timed: {', '.join(parts)} (median of {r.detail.get('repeats', '?')})")
+    if r.detail.get("timing_note"):
+        notes.append(f"timing: {r.detail['timing_note']}")
     return notes
 
 
@@ -73,7 +97,8 @@ def rows(decision: Decision) -> list[tuple[str, str, str, str]]:
             ver = v.detail.get("version")
             label = f"  └ {v.display_name}" + (f" {ver}" if ver else "")
             verdict = _verdict(v, decision.chosen, variant if decision.chosen == "flash" else None)
-            out.append((label, verdict, v.stage, "\n".join(_reason_text(x) for x in own)))
+            text = [*(_reason_text(x) for x in own), *_stage_notes(v)]
+            out.append((label, verdict, v.stage, "\n".join(text)))
     return out
 
 
@@ -106,7 +131,32 @@ def render(decision: Decision, file: TextIO | None = None, width: int | None = N
             extra = f" via {decision.result(decision.detail['flash_variant']).display_name}"
         console.print(f"chosen: [bold]{chosen.display_name}[/]{extra}")
     console.print(f"order considered: {' > '.join(decision.order)}")
+    for line in measured_lines(decision):
+        console.print(escape(line))
     console.print(f"config key: {decision.config.key()}  (source: {decision.source})")
+
+
+def measured_lines(decision: Decision) -> list[str]:
+    """Measured mode's summary (the timings that ordered the candidates, the shape timed) and
+    verification's note for what-if devices."""
+    m = decision.detail.get("measured")
+    lines = [str(decision.detail["numerics_note"])] if decision.detail.get("numerics_note") else []
+    if not m:
+        return lines
+    metric = m.get("metric", "fwd")
+    timings = decision.detail.get("timings_ms") or {}
+    ranked = sorted(timings, key=lambda n: timings[n].get(metric, float("inf")))
+    shown = ", ".join(f"{n} {timings[n][metric]:.3g}" for n in ranked if metric in timings[n])
+    lines.append(f"measured ({metric.replace('_', '+')}, ms, median of {m.get('repeats')}): "
+                 + shown if shown else "measured mode: nothing could be timed here")  # fmt: skip
+    if m.get("note"):
+        lines.append(str(m["note"]))
+    if m.get("untimed") and shown:
+        kept = ", ".join(m["untimed"])
+        lines.append(f"not timed here, kept in their rule-priority place: {kept}")
+    if m.get("priority_choice") != decision.chosen:
+        lines.append(f"rule priority alone would choose: {m.get('priority_choice')}")
+    return lines
 
 
 def summary(decision: Decision) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import pytest
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
+    base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run([sys.executable, "-m", "te_fl_attention.cli", *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, env={**base, **(env or {})},
                           timeout=120)  # fmt: skip
 
 

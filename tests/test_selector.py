@@ -31,7 +31,8 @@ def test_llama_a100_picks_flash_attention_2():
     assert decide(LLAMA, "a100:fa2=none", triton=False).chosen == "fused"
 
 
-def test_llama_local_cpu_picks_unfused_with_reasons():
+def test_llama_local_cpu_picks_unfused_with_reasons(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # else Triton runs here, interpreted
     d = decide(LLAMA, profile("local"))
     if d.device.has_gpu:  # pragma: no cover - this test is about a machine without a GPU
         pytest.skip("machine has a GPU")

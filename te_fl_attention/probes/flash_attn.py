@@ -1,14 +1,27 @@
-"""FlashAttention (flash-attn 2, 3 and 4): TE 2.20's rule stage for each flavour.
+"""FlashAttention (flash-attn 2, 3 and 4): TE 2.20's rule stage for each flavour, then, on the
+local device, the real import and one tiny call.
 
 The candidate ``flash`` has three variants. Rules TE applies to "FlashAttention" as a whole
 (clearing its umbrella flag) are shared; each flavour adds its own. Precedence among supported
-flavours is TE's: FA4 > FA3 > FA2.
+flavours is TE's: FA4 > FA3 > FA2. FA4's head dims are judged by flash-attn-4's own
+``_validate_head_dims`` (loaded from the installed source, stage ``import``) when the device's FA4
+is the installed one, else by our statement of its limits (stage ``rule``).
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dataclasses
+import functools
+import importlib
 import math
+import sys
 import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
@@ -422,10 +435,10 @@ FA3: tuple[Rule, ...] = (
 
 
 # ----------------------------------------------------------------------------- FlashAttention 4
-def fa4_head_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+def fa4_head_dims_rule(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE defers to flash-attn-4's ``_validate_head_dims`` (sm90: 8..256; sm100/110: <= 128,
     (192, 128), (64|d, 512), (256, 256); dims divisible by 16 / element size). This rule states
-    those limits; the flash probe calls the installed validator when it can."""
+    those limits for when the installed validator cannot be used."""
     dqk, dv = c.head_dim_qk, c.head_dim_v
     align = 16 // (4 if c.dtype == "fp32" else 1 if c.dtype in ("fp8_e4m3", "fp8_e5m2") else 2)
     major = (d.sm or 0) // 10
@@ -445,6 +458,60 @@ def fa4_head_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
                       f"FlashAttention 4 on sm{d.sm}", observed=(dqk, dv),
                       limit="sm90: 8..256; sm100: <=128, (192,128), (256,256), (64,512); "
                       f"divisible by {align}")  # fmt: skip
+    return None
+
+
+_ELEMENT_SIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@functools.lru_cache(maxsize=1)
+def fa4_validator() -> tuple[Callable[..., None] | None, str | None]:
+    """flash-attn-4's own ``_validate_head_dims`` and the installed version, or ``(None, ...)``.
+
+    Taken from the imported module when it is loaded, else compiled alone from the installed
+    ``flash_attn/cute/interface.py`` (the module needs CUTLASS DSL, which a CPU machine may lack;
+    the function itself is plain Python)."""
+    try:
+        installed = metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return None, None
+    mod = sys.modules.get("flash_attn.cute.interface")
+    fn = getattr(mod, "_validate_head_dims", None)
+    if callable(fn):
+        return getattr(fn, "__wrapped__", fn), installed
+    try:
+        files = metadata.files("flash-attn-4") or []
+        src = next(f for f in files if str(f).replace("\\", "/").endswith("cute/interface.py"))
+        path = Path(str(src.locate()))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                    and n.name == "_validate_head_dims")  # fmt: skip
+        node.decorator_list = []  # a cache at most: it does not change the verdict
+        namespace: dict[str, Any] = {"__builtins__": builtins}
+        exec(compile(ast.Module([node], []), str(path), "exec"), namespace)  # noqa: S102
+        return namespace["_validate_head_dims"], installed
+    except (StopIteration, OSError, SyntaxError, ValueError):
+        return None, installed
+
+
+def fa4_head_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20 calls flash-attn-4's ``_validate_head_dims(d_qk, d_v, cc_major, 16 // element
+    size)`` and disables FA4 on its AssertionError. Its verdict (stage ``import``) when it loads
+    and the device's FA4 is the installed version; else :func:`fa4_head_dims_rule` (``rule``)."""
+    fn, installed = fa4_validator()
+    want = version(d.flash_attn_4)
+    if fn is None or d.sm is None or want is None or want != version(installed):
+        return fa4_head_dims_rule(c, d)
+    dqk, dv = c.head_dim_qk, c.head_dim_v
+    try:
+        fn(dqk, dv, d.sm // 10, 16 // _ELEMENT_SIZE[c.dtype])
+    except AssertionError as exc:
+        return reject("fa4.head_dim", f"head dims ({dqk}, {dv}) are not supported by "
+                      f"FlashAttention 4 {installed} on sm{d.sm}: {exc}".rstrip(": "),
+                      observed=(dqk, dv), limit=f"flash-attn-4 {installed} _validate_head_dims",
+                      stage="import")  # fmt: skip
+    except Exception:  # noqa: BLE001 - a validator we cannot call: our statement of it
+        return fa4_head_dims_rule(c, d)
     return None
 
 
@@ -530,10 +597,54 @@ FA4: tuple[Rule, ...] = (
 FLAVOUR_RULES: dict[str, tuple[Rule, ...]] = {"fa2": FA2, "fa3": FA3, "fa4": FA4}
 
 
+@functools.lru_cache(maxsize=8)
+def import_error(module: str) -> str | None:
+    """Why ``module`` cannot be imported (``"ImportError: ..."``), or None; once per process."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken build may raise anything at import
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def combine(variants: tuple[ProbeResult, ...], elapsed_ms: float = 0.0) -> ProbeResult:
+    """The ``flash`` result from its flavours: supported when one is; otherwise every reason
+    once (shared ones first, as each flavour lists them first)."""
+    chosen = next((v for v in variants if v.supported), None)
+    merged: list[Reason] = []
+    if chosen is None:
+        seen: set[tuple[str, str]] = set()
+        for v in variants:
+            for r in v.reasons:
+                if (r.code, r.message) not in seen:
+                    seen.add((r.code, r.message))
+                    merged.append(r)
+    return ProbeResult(
+        backend="flash",
+        supported=chosen is not None,
+        reasons=tuple(merged),
+        stage="rule",
+        evidence="rules",
+        elapsed_ms=elapsed_ms,
+        detail={
+            "variant": chosen.backend if chosen else None,
+            "version": chosen.detail.get("version") if chosen else None,
+        },
+        variants=variants,
+    )
+
+
 class FlashAttnProbe:
-    """The ``flash`` candidate: one variant result per flavour, TE's precedence among them."""
+    """The ``flash`` candidate: one variant result per flavour, TE's precedence among them.
+
+    On the local device a flavour that passes its rules is imported (stage ``import``: a failure
+    is a refusal carrying the import error) and, with a CUDA GPU, runs one tiny problem of the
+    config's kind (stage ``run``). ``run=False`` stops after the rules."""
 
     name = "flash"
+
+    def __init__(self, run: bool = True):
+        self.run = run
 
     def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
         return list(self.probe(config, device).reasons)
@@ -542,7 +653,7 @@ class FlashAttnProbe:
                 shared: list[Reason]) -> ProbeResult:  # fmt: skip
         own = evaluate(FLAVOUR_RULES[flavour], config, device)
         v = _fa_version(device, flavour)
-        return ProbeResult(
+        result = ProbeResult(
             backend=flavour,
             supported=not shared and not own,
             reasons=tuple(shared + own),
@@ -550,36 +661,43 @@ class FlashAttnProbe:
             evidence="rules",
             detail={"version": str(v) if v else None},
         )
+        if result.supported and self.run and device.source == "local":
+            return self._local(flavour, config, result)
+        return result
+
+    def _local(self, flavour: str, config: FusedAttnConfig, result: ProbeResult) -> ProbeResult:
+        """The import and tiny-run stages on this machine."""
+        from ..kernels import run as runner
+
+        dist, module = runner.FLASH_MODULES[flavour]
+        name = DISPLAY_NAMES[flavour]
+        err = import_error(module)
+        if err is not None:
+            why = reject(f"{flavour}.import_failed", f"{name} ({dist} "
+                         f"{result.detail.get('version')}) is installed but {module} cannot be "
+                         f"imported: {err}"[:2000], observed=err[:300], limit=f"import {module}",
+                         stage="import", hint=f"reinstall {dist} for this torch/CUDA")  # fmt: skip
+            return dataclasses.replace(result, supported=False, reasons=(why,), stage="import")
+        if runner.tensor_device() != "cuda":
+            return dataclasses.replace(result, stage="import", evidence=f"import {module}",
+                                       detail={**result.detail, "run_note": "no CUDA device: "
+                                               "the tiny call was not run"})  # fmt: skip
+        from ..verify import tiny_run
+
+        note, exc = tiny_run(flavour, config)
+        if exc is not None:
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+            why = reject(f"{flavour}.run_failed", f"{name} failed on a tiny problem: {error}",
+                         observed=type(exc).__name__, limit="runs without error", stage="run")
+            return dataclasses.replace(result, supported=False, reasons=(why,), stage="run")
+        detail = {**result.detail, **({"run_note": note} if note else {})}
+        return dataclasses.replace(result, stage="run" if note is None else "import",
+                                   evidence=f"import {module}" + ("" if note else " + tiny run"),
+                                   detail=detail)  # fmt: skip
 
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
         shared = evaluate(SHARED, config, device)
         variants = tuple(self.variant(f, config, device, shared) for f in PRECEDENCE)
-        chosen = next((v for v in variants if v.supported), None)
-        if chosen is not None:
-            reasons: tuple[Reason, ...] = ()
-        else:
-            seen: set[tuple[str, str]] = set()
-            merged = []
-            for r in shared:
-                seen.add((r.code, r.message))
-                merged.append(r)
-            for v in variants:
-                for r in v.reasons:
-                    if (r.code, r.message) not in seen:
-                        seen.add((r.code, r.message))
-                        merged.append(r)
-            reasons = tuple(merged)
-        return ProbeResult(
-            backend="flash",
-            supported=chosen is not None,
-            reasons=reasons,
-            stage="rule",
-            evidence="rules",
-            elapsed_ms=(time.perf_counter() - t0) * 1e3,
-            detail={
-                "variant": chosen.backend if chosen else None,
-                "version": chosen.detail.get("version") if chosen else None,
-            },
-            variants=variants,
-        )
+        return combine(variants, (time.perf_counter() - t0) * 1e3)
+

@@ -1,22 +1,42 @@
-"""TritonFlashAttention (ours): the rule stage for the features our Triton kernel supports.
+"""TritonFlashAttention (ours): rules for the features our Triton kernel supports, then, on the
+local device, one tiny compile-and-run of the config's kind.
 
 Supported: fp16/bf16/fp32, head dims up to 256 (q/k and v may differ), GQA/MQA, no_mask,
 padding, causal top-left and bottom-right, sliding windows, bshd/sbhd/thd (varlen, padded
-offsets). Not supported: bias, ALiBi, dropout, FP8, context parallelism, KV cache, non-vanilla
-softmax, softcap, num_splits, max_logit, score_mod, arbitrary masks.
+offsets), deterministic backward (always). Not supported: bias, ALiBi, dropout, FP8, context
+parallelism, KV cache, non-vanilla softmax, softcap, num_splits, max_logit, score_mod, arbitrary
+masks. The constants below mirror the kernel's ``SUPPORTED`` (a test keeps them in sync; the
+kernel is not imported for the rules, so what-if questions need neither torch nor triton).
+
+Stages after the rules: a catalog device keeps the rule verdict (``detail["predicted"]``); the
+local GPU compiles and runs a tiny problem (stages ``compile``/``run``); the local CPU runs it in
+the Triton interpreter when the probe was built with ``interpret=True`` (the selector sets that
+from ``TRITON_INTERPRET``; probes read no environment), else refuses at stage ``run``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import time
 
 from ..config import FusedAttnConfig
 from ..device import DeviceProfile
-from ..reasons import Reason
+from ..reasons import ProbeResult, Reason
 from .base import RuleProbe, no_gpu, reject
 from .common import ALL_BACKENDS
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # SUPPORTED["max_head_dim"]
+DTYPES = ("fp16", "bf16", "fp32")  # SUPPORTED["dtypes"]
+MIN_SM = 80  # SUPPORTED["min_sm"]
+NO_GPU_MESSAGE = "no GPU; set TRITON_INTERPRET=1 to run the kernel on CPU (slow)"
+_WHATIF_NO_GPU = no_gpu("TritonFlashAttention")
+
+
+def requires_gpu(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """A what-if device without a GPU cannot run the kernel (the local machine is asked at the
+    run stage instead, where the Triton interpreter may stand in for a GPU)."""
+    return _WHATIF_NO_GPU(c, d) if d.source != "local" else None
 
 
 def kernel_available(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
@@ -48,24 +68,24 @@ def triton_installed(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 def sm(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """Our kernel targets tensor-core GPUs with bf16: sm80 and newer."""
-    if d.sm is not None and d.sm < 80:
+    if d.sm is not None and d.sm < MIN_SM:
         return reject(
             "triton.sm",
-            f"our Triton kernel needs sm >= 80 (found sm{d.sm})",
+            f"our Triton kernel needs sm >= {MIN_SM} (found sm{d.sm})",
             observed=d.sm,
-            limit=">= 80",
+            limit=f">= {MIN_SM}",
         )
     return None
 
 
 def dtype(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """fp16, bf16 and fp32 inputs (fp32 accumulation)."""
-    if c.dtype not in ("fp16", "bf16", "fp32"):
+    if c.dtype not in DTYPES:
         return reject(
             "triton.dtype",
             f"qkv_dtype = {c.dtype} is not supported by our Triton kernel",
             observed=c.dtype,
-            limit="fp16, bf16, fp32",
+            limit=", ".join(DTYPES),
         )
     return None
 
@@ -119,8 +139,56 @@ UNSUPPORTED = (
 
 
 class TritonFlashProbe(RuleProbe):
-    """The ``triton`` candidate (ours); ranks after flash-attn inside the flash tier."""
+    """The ``triton`` candidate (ours); ranks after flash-attn inside the flash tier.
+
+    ``interpret``: the local CPU may run the tiny problem in the Triton interpreter. ``run``:
+    ``False`` stops after the rules."""
 
     name = "triton"
-    RULES = (no_gpu("TritonFlashAttention"), *ALL_BACKENDS, kernel_available, triton_installed,
-             sm, dtype, head_dim, *UNSUPPORTED)  # fmt: skip
+    RULES = (requires_gpu, *ALL_BACKENDS, kernel_available, triton_installed, sm, dtype,
+             head_dim, *UNSUPPORTED)  # fmt: skip
+
+    def __init__(self, interpret: bool = False, run: bool = True):
+        self.interpret = interpret
+        self.run = run
+
+    def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        t0 = time.perf_counter()
+        result = super().probe(config, device)
+        if not result.supported or not self.run:
+            return result
+        if device.source != "local":
+            return dataclasses.replace(result, detail={"predicted": True})
+        result = self._run_here(config, device, result)
+        return dataclasses.replace(result, elapsed_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _run_here(self, config: FusedAttnConfig, device: DeviceProfile, result: ProbeResult
+                  ) -> ProbeResult:  # fmt: skip
+        """Compile and run one tiny problem of the config's kind here (GPU, or interpreter)."""
+        from .. import verify
+        from ..kernels import run as runner
+
+        ok, why = runner.can_run_here("triton", config, device, interpret=self.interpret)
+        if not ok:
+            code = "device.no_gpu" if why == NO_GPU_MESSAGE else "triton.cannot_run"
+            reason = reject(code, why, observed=device.name, limit="CUDA GPU or TRITON_INTERPRET=1",
+                            stage="run")  # fmt: skip
+            return dataclasses.replace(result, supported=False, reasons=(reason,), stage="run")
+        where = "the Triton interpreter (CPU)" if runner.tensor_device() == "cpu" else device.name
+        note, exc = verify.tiny_run("triton", config)
+        if exc is not None:
+            stage = "compile" if _is_compile_error(exc) else "run"
+            text = f"{type(exc).__name__}: {exc}"[:2000]
+            reason = reject(f"triton.{stage}_failed", f"our Triton kernel failed to {stage} a tiny "
+                            f"problem on {where}: {text}", observed=type(exc).__name__,
+                            limit=f"{stage}s without error", stage=stage)  # fmt: skip
+            return dataclasses.replace(result, supported=False, reasons=(reason,), stage=stage)
+        if note is not None:
+            return dataclasses.replace(result, detail={"run_note": note})
+        return dataclasses.replace(result, stage="run", evidence=f"ran a tiny problem on {where}",
+                                   detail={"interpreter": runner.tensor_device() == "cpu"})
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    """Triton's compiler errors (``triton.compiler.errors.CompilationError`` and kin)."""
+    return any(c.__module__.startswith("triton.compiler") for c in type(exc).__mro__)

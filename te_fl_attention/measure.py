@@ -1,0 +1,167 @@
+"""Measured mode: time each candidate that can run here on the config's shape; fastest wins.
+
+Timing: warm-up runs, then the median of N timed runs (CUDA events on a GPU, ``perf_counter`` on
+CPU) of the forward and, for training configs, of forward + backward. On a GPU the config's real
+shape is timed. On CPU the shape is scaled down to at most :data:`CPU_MAX_SCORE_ELEMENTS` score
+elements (batch * heads * s_q * s_kv: batch first, then heads keeping the GQA kind, then both
+sequence lengths keeping their ratio; windows shrink with s_kv), and the Decision says so. The
+Triton interpreter is never asked to run more than :data:`INTERPRETER_MAX_SCORE_ELEMENTS` (a
+bigger shape ranks it slowest). Timed candidates trade places among their own rule-priority slots;
+a candidate that cannot be timed here keeps its slot (see :meth:`Policy.order`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import verify
+from .kernels import run as runner
+from .reasons import DISPLAY_NAMES, ProbeResult, Reason
+
+if TYPE_CHECKING:
+    from .config import FusedAttnConfig
+    from .device import DeviceProfile
+
+CPU_MAX_SCORE_ELEMENTS = 2**22
+INTERPRETER_MAX_SCORE_ELEMENTS = 2**14
+#: (warm-up runs, timed runs) per device kind.
+REPEATS = {"cuda": (3, 10), "cpu": (1, 5)}
+
+
+def metric(config: FusedAttnConfig) -> str:
+    """What is compared: ``fwd_bwd`` for training configs, ``fwd`` for inference."""
+    return "fwd_bwd" if config.is_training else "fwd"
+
+
+def timing_shape(config: FusedAttnConfig, cuda: bool | None = None
+                 ) -> tuple[verify.Shape, str | None]:  # fmt: skip
+    """The shape timed here and, when it is not the real one, a sentence saying so."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    real = verify.real_shape(config)
+    if cuda or real.score_elements() <= CPU_MAX_SCORE_ELEMENTS:
+        return real, None
+    b, hkv, group = real.batch, real.num_gqa_groups, real.num_heads // real.num_gqa_groups
+    sq, skv, cap = real.seqlen_q, real.seqlen_kv, CPU_MAX_SCORE_ELEMENTS
+
+    def n() -> int:
+        return b * hkv * group * sq * skv
+
+    b = max(1, min(b, cap // max(1, n() // b)))
+    while n() > cap and hkv > 1:
+        hkv //= 2
+    while n() > cap and group > min(2, real.num_heads // real.num_gqa_groups):
+        group //= 2
+    if n() > cap:
+        f = math.sqrt(cap / n())
+        sq, skv = max(1, int(sq * f)), max(1, int(skv * f))
+    shape = verify.resize(real, batch=b, seqlen_q=sq, seqlen_kv=skv, kv_heads=hkv, group=group)
+    note = (f"on CPU we time a shape scaled down to at most 2^{int(math.log2(cap))} score "
+            f"elements (batch*heads*s_q*s_kv): {shape.text()} instead of {real.text()}")
+    return shape, note
+
+
+def _median_ms(fn: Callable[[], Any], warmup: int, repeats: int, cuda: bool) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_backend(backend: str, problem: verify.Problem, *, training: bool,
+                 warmup: int = 1, repeats: int = 5) -> dict[str, float]:  # fmt: skip
+    """Median milliseconds of ``fwd`` and (``training``) ``fwd_bwd`` on ``problem``."""
+    cuda = problem.q.is_cuda
+    feats = {n: x for n, x in problem.features.items() if n != "generator"}
+    q, k, v = problem.inputs()
+
+    def fwd() -> None:
+        with torch.no_grad():
+            runner.run(backend, q, k, v, **feats)
+
+    out = {"fwd": _median_ms(fwd, warmup, repeats, cuda)}
+    if training:
+        qg, kg, vg = problem.inputs(grad=True)
+        grad = None
+
+        def fwd_bwd() -> None:
+            nonlocal grad
+            for x in (qg, kg, vg):
+                x.grad = None
+            o = runner.run(backend, qg, kg, vg, **feats)
+            grad = torch.ones_like(o) if grad is None else grad
+            o.backward(grad)
+
+        out["fwd_bwd"] = _median_ms(fwd_bwd, warmup, repeats, cuda)
+    return out
+
+
+def skipped(backend: str, why: str) -> ProbeResult:
+    """The note a candidate gets when it is not timed here (its verdict stands)."""
+    return ProbeResult(backend, True, stage="", detail={"timing_note": why})
+
+
+def check(backend: str, config: FusedAttnConfig, device: DeviceProfile
+          ) -> tuple[ProbeResult, bool]:  # fmt: skip
+    """Time ``backend`` (which can run here) on ``config``'s timing shape.
+
+    Returns the stage's own result and whether to store it: timings (stage ``measure``,
+    ``detail["timings_ms"]``) or a failure on that shape (refused, stage ``measure``) are stored;
+    a shape the runner or the interpreter cannot take is a note only.
+    """
+    cuda = torch.cuda.is_available()
+    shape, _ = timing_shape(config, cuda)
+    if backend == "triton" and not cuda and shape.score_elements() > INTERPRETER_MAX_SCORE_ELEMENTS:
+        note = skipped(backend, f"not timed: {shape.score_elements()} score elements are too "
+                       f"many for the Triton interpreter (at most "
+                       f"{INTERPRETER_MAX_SCORE_ELEMENTS}); ranked slowest")  # fmt: skip
+        return dataclasses.replace(note, detail={**note.detail, "too_slow": True}), False
+    warmup, repeats = REPEATS["cuda" if cuda else "cpu"]
+    t0 = time.perf_counter()
+    try:
+        problem = verify.build(config, shape, device=runner.tensor_device())
+        timings = time_backend(backend, problem, training=config.is_training, warmup=warmup,
+                               repeats=repeats)  # fmt: skip
+    except runner.Unsupported as exc:
+        return skipped(backend, f"not timed: {exc}"), False
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory on the real shape
+        if cuda:
+            torch.cuda.empty_cache()
+        text = f"{type(exc).__name__}: {exc}"[:1000]
+        name = DISPLAY_NAMES.get(backend, backend)
+        why = Reason("measure.failed", f"{name} failed on the timed shape {shape.text()}: {text}",
+                     "measure", observed=type(exc).__name__, limit="runs on the config's shape")
+        return ProbeResult(backend, False, (why,), "measure", "timing run",
+                           (time.perf_counter() - t0) * 1e3), True  # fmt: skip
+    detail = {"timings_ms": timings, "timed_shape": shape.to_dict(), "repeats": repeats}
+    return ProbeResult(backend, True, (), "measure", f"timed on {shape.text()}",
+                       (time.perf_counter() - t0) * 1e3, detail), True  # fmt: skip
+
+
+def describe(config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
+    """What the Decision says about measured mode: metric, timed shape, scaling note."""
+    if device.source != "local":
+        return {"metric": metric(config), "shape": None, "repeats": None,
+                "note": f"{device.name} is a what-if profile: nothing is timed from this machine; "
+                "the rule priority decides"}  # fmt: skip
+    shape, note = timing_shape(config)
+    return {"metric": metric(config), "shape": shape.to_dict(), "note": note,
+            "repeats": REPEATS["cuda" if torch.cuda.is_available() else "cpu"][1]}  # fmt: skip

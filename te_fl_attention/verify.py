@@ -1,0 +1,304 @@
+"""Numerical verification: run a candidate on a small random problem with the config's features
+and compare it with the reference (:func:`te_fl_attention.kernels.reference.attention`).
+
+The problem keeps what changes a kernel's code path (dtype, head dims, layout, mask kind, sliding
+window, GQA/MQA ratio, padding/thd lengths, bias shape, ALiBi, softmax type, scale) and shrinks the
+rest: batch <= 2, sequences <= 32 (windows scaled with them), <= 2 KV heads with <= 2 query heads
+each. The output and, for training configs, dq/dk/dv are compared with the reference evaluated in
+fp64 on CPU on the same (rounded) inputs. The error of a tensor is
+``max|got - want| / max(1, max|want|)`` and must not exceed :data:`TOLERANCE` for the input dtype.
+Dropout is switched off for the comparison (no two backends share a dropout RNG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .kernels import reference
+from .kernels import run as runner
+from .reasons import DISPLAY_NAMES, ProbeResult, Reason
+
+if TYPE_CHECKING:
+    from .config import FusedAttnConfig
+    from .device import DeviceProfile
+
+#: The one statement of the tolerances: max|got - want| / max(1, max|want|), per input dtype.
+TOLERANCE: dict[str, float] = {"fp32": 2e-4, "fp16": 1e-2, "bf16": 5e-2}
+#: The small problem verification runs (the probes' "tiny" problem is smaller still).
+SMALL = {"batch": 2, "seqlen": 32, "kv_heads": 2, "group": 2}
+TINY = {"batch": 1, "seqlen": 16, "kv_heads": 1, "group": 2}
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of one problem (window in the same units as the sequences)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_kv: int
+    num_heads: int
+    num_gqa_groups: int
+    head_dim_qk: int
+    head_dim_v: int
+    window_size: tuple[int, int] = (-1, -1)
+
+    def score_elements(self) -> int:
+        """batch * heads * s_q * s_kv: the size of the attention score matrix."""
+        return self.batch * self.num_heads * self.seqlen_q * self.seqlen_kv
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "window_size": list(self.window_size)}
+
+    def text(self) -> str:
+        s = f"s={self.seqlen_q}" if self.seqlen_q == self.seqlen_kv else \
+            f"s_q={self.seqlen_q}, s_kv={self.seqlen_kv}"  # fmt: skip
+        heads = f"h={self.num_heads}" + (f"/{self.num_gqa_groups}"
+                                         if self.num_gqa_groups != self.num_heads else "")
+        return f"b={self.batch}, {heads}, {s}, d={self.head_dim_qk}" + (
+            f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim_qk else "")
+
+
+def real_shape(config: FusedAttnConfig) -> Shape:
+    return Shape(config.batch_size, config.max_seqlen_q, config.max_seqlen_kv,  # type: ignore[arg-type]
+                 config.num_heads, config.num_gqa_groups, config.head_dim_qk,  # type: ignore[arg-type]
+                 config.head_dim_v, config.window_size)  # type: ignore[arg-type]  # fmt: skip
+
+
+def resize(shape: Shape, *, batch: int, seqlen_q: int, seqlen_kv: int, kv_heads: int,
+           group: int) -> Shape:  # fmt: skip
+    """``shape`` with new sizes; the window shrinks with s_kv (a window that is active stays
+    active: at least 1), the GQA ratio keeps its kind (MHA, GQA, MQA)."""
+    left, right = shape.window_size
+
+    def scale(w: int) -> int:
+        return w if w <= 0 else max(1, round(w * seqlen_kv / shape.seqlen_kv))
+
+    return dataclasses.replace(shape, batch=batch, seqlen_q=seqlen_q, seqlen_kv=seqlen_kv,
+                               num_heads=kv_heads * group, num_gqa_groups=kv_heads,
+                               window_size=(scale(left), scale(right)))  # fmt: skip
+
+
+def small_shape(config: FusedAttnConfig, sizes: dict[str, int] = SMALL) -> Shape:
+    """The config's shape shrunk to ``sizes`` (batch, longest sequence, KV heads, group)."""
+    real = real_shape(config)
+    sq, skv, n = real.seqlen_q, real.seqlen_kv, sizes["seqlen"]
+    longest = max(sq, skv)
+    if longest > n:
+        sq, skv = (max(1, round(s * n / longest)) for s in (sq, skv))
+        if real.seqlen_q != real.seqlen_kv and sq == skv:  # keep cross-attention cross
+            skv = sq + 1 if real.seqlen_kv > real.seqlen_q else max(1, sq - 1)
+    group = real.num_heads // real.num_gqa_groups
+    return resize(real, batch=min(real.batch, sizes["batch"]), seqlen_q=sq, seqlen_kv=skv,
+                  kv_heads=min(real.num_gqa_groups, sizes["kv_heads"]),
+                  group=min(group, sizes["group"]))  # fmt: skip
+
+
+@dataclass
+class Problem:
+    """Random q/k/v in the config's layout and dtype, and the runner features describing them."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    features: dict[str, Any]
+    shape: Shape
+    notes: list[str] = field(default_factory=list)
+
+    def inputs(self, grad: bool = False, dtype: torch.dtype | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Fresh leaf copies of q/k/v (optionally in another dtype, optionally with grad)."""
+        return tuple(x.detach().to(dtype or x.dtype).requires_grad_(grad)  # type: ignore[return-value]
+                     for x in (self.q, self.k, self.v))  # fmt: skip
+
+
+def _lengths(n: int, full: int, g: torch.Generator) -> torch.Tensor:
+    low = max(1, (full + 1) // 2)
+    return torch.randint(low, full + 1, (n,), generator=g)
+
+
+def _cu(lens: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
+
+
+def build(config: FusedAttnConfig, shape: Shape, *, device: str = "cpu", seed: int = 0) -> Problem:
+    """A random problem of ``shape`` with ``config``'s features (raises
+    :class:`~.kernels.run.Unsupported` for configs no runner can express: FP8, context
+    parallelism, paged KV, softcap, score_mod...)."""
+    why = runner._blocker(config)
+    if why:
+        raise runner.Unsupported(why)
+    if config.dtype not in TORCH_DTYPES:
+        raise runner.Unsupported(f"dtype {config.dtype} is not a runner dtype")
+    dtype, g = TORCH_DTYPES[config.dtype], torch.Generator().manual_seed(seed)
+    b, sq, skv = shape.batch, shape.seqlen_q, shape.seqlen_kv
+    h, hkv, dqk, dv = shape.num_heads, shape.num_gqa_groups, shape.head_dim_qk, shape.head_dim_v
+    fmt, mask = config.qkv_format, config.attn_mask_type
+    feats: dict[str, Any] = {"qkv_format": fmt, "attn_mask_type": mask,
+                             "window_size": shape.window_size,
+                             "bottom_right_diagonal": config.bottom_right_diagonal,
+                             "max_seqlen_q": sq, "max_seqlen_kv": skv,
+                             "softmax_scale": config.softmax_scale,
+                             "deterministic": config.deterministic}  # fmt: skip
+    if "padding" in mask or fmt == "thd":
+        lens_q = _lengths(b, sq, g)
+        lens_kv = lens_q.clone() if sq == skv else _lengths(b, skv, g)
+        feats["cu_seqlens_q"], feats["cu_seqlens_kv"] = _cu(lens_q), _cu(lens_kv)
+    if fmt == "thd":
+        rows = []
+        for side, lens in (("q", lens_q), ("kv", lens_kv)):
+            gaps = torch.randint(1, 4, (b,), generator=g) if config.pad_between_seqs else 0 * lens
+            rows.append(int((lens + gaps).sum()))
+            if config.pad_between_seqs:
+                feats[f"cu_seqlens_{side}_padded"] = _cu(lens + gaps)
+        shapes = [(rows[0], h, dqk), (rows[1], hkv, dqk), (rows[1], hkv, dv)]
+    else:
+        order = (lambda s, n, d: (b, s, n, d)) if fmt == "bshd" else (lambda s, n, d: (s, b, n, d))
+        shapes = [order(sq, h, dqk), order(skv, hkv, dqk), order(skv, hkv, dv)]
+    q, k, v = (torch.randn(s, generator=g).to(dtype) for s in shapes)
+    notes = []
+    if config.bias_shape is not None:
+        code = config.bias_shape
+        dims = (b if code[0] == "b" else 1, h if code[1] == "h" else 1,
+                1 if code == "111s" else sq, skv)  # fmt: skip
+        feats["bias_type"], feats["bias"] = config.bias_type, torch.randn(dims, generator=g)
+        feats["bias"] = feats["bias"].to(dtype)
+    elif config.bias_type == "alibi":
+        feats["bias_type"] = "alibi"
+        if config.alibi_slopes_shape is not None:
+            slopes = reference.default_alibi_slopes(h)
+            feats["alibi_slopes"] = slopes if len(config.alibi_slopes_shape) == 1 else \
+                slopes.expand(b, h).contiguous()  # fmt: skip
+    if config.softmax_type != "vanilla":
+        feats["softmax_type"] = config.softmax_type
+        if config.softmax_type == "learnable":
+            feats["softmax_offset"] = torch.randn(h, generator=g)
+    if config.dropout:
+        feats["dropout_p"] = config.dropout
+    if config.bias_requires_grad:
+        notes.append("bias gradients are not compared")
+    out = Problem(q, k, v, feats, shape, notes)
+    if device != "cpu":
+        out.q, out.k, out.v = (x.to(device) for x in (out.q, out.k, out.v))
+        out.features = {n: x.to(device) if isinstance(x, torch.Tensor) else x
+                        for n, x in feats.items()}  # fmt: skip
+    return out
+
+
+def error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max|got - want| / max(1, max|want|); NaN or inf anywhere counts as infinite."""
+    if want.numel() == 0:
+        return 0.0
+    diff = (got.detach().float() - want.detach().float()).abs().max().item()
+    scale = max(1.0, want.detach().float().abs().max().item())
+    err = diff / scale
+    return err if math.isfinite(err) else float("inf")
+
+
+def compare(backend: str, problem: Problem, *, training: bool) -> dict[str, float]:
+    """Errors of ``backend`` against the reference in fp64 on CPU (immune to TF32 settings):
+    ``out`` (+ ``dq``/``dk``/``dv`` when ``training``)."""
+    feats = {**problem.features, "dropout_p": 0.0}
+    feats.pop("generator", None)
+    q, k, v = problem.inputs(grad=training)
+    out = runner.run(backend, q, k, v, **feats)
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_(training) for x in (q, k, v))
+    cpu = {n: x.cpu() if isinstance(x, torch.Tensor) else x for n, x in feats.items()
+           if n not in runner.HINTS}  # fmt: skip
+    want = reference.attention(qr, kr, vr, **cpu)
+    errors = {"out": error(out.cpu(), want)}
+    if training:
+        grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+        out.backward(grad.to(out.device, out.dtype))
+        want.backward(grad.double())
+        for name, got, ref in (("dq", q, qr), ("dk", k, kr), ("dv", v, vr)):
+            errors[name] = error(got.grad.cpu(), ref.grad) if got.grad is not None else \
+                float("inf")  # fmt: skip
+    return errors
+
+
+def tiny_run(backend: str, config: FusedAttnConfig) -> tuple[str | None, Exception | None]:
+    """Run ``backend`` once (forward, + backward when training) on a :data:`TINY` problem of the
+    config's kind on this machine: the probes' compile/import-and-run stage. Returns
+    ``(note, error)``: a note when the runner cannot express the problem (nothing ran), the
+    exception when it ran and failed, ``(None, None)`` on success."""
+    busy = runner.busy()
+    if busy:
+        return f"tiny run skipped: {busy}", None
+    try:
+        problem = build(config, small_shape(config, TINY), device=runner.tensor_device())
+        q, k, v = problem.inputs(grad=config.is_training)
+        out = runner.run(backend, q, k, v, **problem.features)
+        if config.is_training:
+            out.float().sum().backward()
+    except runner.Unsupported as exc:
+        return f"tiny run skipped: {exc}", None
+    except Exception as exc:  # noqa: BLE001 - the kernel's failure is the verdict
+        return None, exc
+    return None, None
+
+
+# ------------------------------------------------------------------------- the verification stage
+def skipped(backend: str, why: str) -> ProbeResult:
+    """The note a candidate gets when it cannot be verified here (its verdict stands)."""
+    return ProbeResult(backend, True, stage="", detail={"numerics": {"skipped": why}})
+
+
+def check(backend: str, config: FusedAttnConfig, device: DeviceProfile
+          ) -> tuple[ProbeResult, bool]:  # fmt: skip
+    """Verify ``backend`` (which can run here) on the small problem of ``config``.
+
+    Returns the stage's own result and whether it is worth storing: a pass (stage ``numerics``),
+    a mismatch (refused, stage ``numerics``, observed = max error, limit = tolerance) or a crash
+    (refused, stage ``run``; a kernel's own ``ValueError`` too) are stored; a problem the runner
+    cannot express (:class:`~.kernels.run.Unsupported`) is a note only.
+    """
+    t0 = time.perf_counter()
+    name = DISPLAY_NAMES.get(backend, backend)
+    try:
+        problem = build(config, small_shape(config), device=runner.tensor_device())
+        errors = compare(backend, problem, training=config.is_training)
+    except runner.Unsupported as exc:
+        return skipped(backend, f"not verified: {exc}"), False
+    except Exception as exc:  # noqa: BLE001 - a crashing kernel is a refusal, not our crash
+        text = f"{type(exc).__name__}: {exc}"[:1000]
+        why = Reason("numerics.run_failed", f"{name} failed on the verification problem: {text}",
+                     "run", observed=type(exc).__name__, limit="runs without error")  # fmt: skip
+        return ProbeResult(backend, False, (why,), "run", "verification run",
+                           (time.perf_counter() - t0) * 1e3), True  # fmt: skip
+    tol = TOLERANCE[config.dtype]
+    worst = max(errors, key=lambda n: errors[n])
+    notes = list(problem.notes)
+    if config.dropout:
+        notes.append("compared with dropout off (backends do not share a dropout RNG)")
+    detail = {"numerics": {"max_error": errors, "tolerance": tol, "shape": problem.shape.to_dict(),
+                           "notes": notes}}  # fmt: skip
+    ms = (time.perf_counter() - t0) * 1e3
+    evidence = f"matched the reference on {problem.shape.text()}"
+    if errors[worst] <= tol:
+        return ProbeResult(backend, True, (), "numerics", evidence, ms, detail), True
+    why = Reason("numerics.mismatch", f"{name} differs from the reference on "
+                 f"{problem.shape.text()}: max error {errors[worst]:.3g} in {worst} > "
+                 f"{tol:g} allowed for {config.dtype}", "numerics", observed=errors[worst],
+                 limit=tol, hint="a kernel bug or an unsupported feature slipped through the "
+                 "rules: report it, and force another backend meanwhile")  # fmt: skip
+    return ProbeResult(backend, False, (why,), "numerics", "verification run", ms, detail), True
+
+
+def merge(base: ProbeResult, own: ProbeResult) -> ProbeResult:
+    """``base`` (the probe's result) with a later stage's own result folded in: its detail, its
+    refusal reasons and its stage (a skipped stage keeps ``base``'s)."""
+    return dataclasses.replace(
+        base,
+        supported=base.supported and own.supported,
+        reasons=(*base.reasons, *own.reasons),
+        stage=own.stage or base.stage,
+        elapsed_ms=base.elapsed_ms + own.elapsed_ms,
+        detail={**base.detail, **own.detail},
+    )
