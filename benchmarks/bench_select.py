@@ -1,7 +1,13 @@
-"""Per-call cost of selection: a memo hit vs a full rule pass (every candidate's rules).
+"""Per-call cost of selection: a memo hit vs a full rule pass (every candidate's rules), and
+the plugin's ``get_attention_backend`` on a repeated config vs TE's own cached path.
 
-Prints one line each, as a ratio against the full pass measured in the same run:
+Prints one line each, as a ratio against the reference measured in the same run:
     select memo_hit_us=... full_rule_pass_us=... ratio=...
+    te_plugin plugin_get_attention_backend_us=... te_cached_path_us=... ratio=... (target <= 0.25)
+
+TE's cached path is what ``DotProductAttention.forward`` pays on every call when nothing changed:
+building ``AttentionParams`` and comparing it (``!=``) with the stored one. It needs the
+transformer-engine wheel (imported on CPU as in ``tests/probes/te_cpu.py``).
 """
 
 from __future__ import annotations
@@ -28,15 +34,67 @@ def _median_us(fn, n: int, rounds: int = 7) -> float:
     return statistics.median(samples)
 
 
+def _te_comparison() -> str:
+    """Our plugin's get_attention_backend on a repeated config vs TE's cached per-forward path,
+    measured in alternating rounds (one run, same conditions)."""
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "probes"))
+        import te_cpu
+        import torch
+
+        te = te_cpu.load()
+    except Exception as exc:  # noqa: BLE001 - TE is optional here
+        return f"te_plugin skipped: TransformerEngine cannot be imported ({exc})"
+    from te_fl_attention.plugin import te as plugin
+    from te_fl_attention.probes import default_probes
+
+    utils = te.utils
+    # DotProductAttention.forward's attention_params_kwargs for Llama 3 8B (sbhd, GQA 32/8).
+    kw = dict(qkv_type=torch.Tensor, qkv_dtype=torch.bfloat16, qkv_layout="sbhd_sbhd_sbhd",
+              num_heads=32, num_gqa_groups=8, max_seqlen_q=8192, max_seqlen_kv=8192,
+              num_tokens_q=0, num_tokens_kv=0, head_dim_qk=128, head_dim_v=128, softcap=0.0,
+              alibi_slopes_shape=None, core_attention_bias_type="no_bias",
+              core_attention_bias_shape=None, core_attention_bias_requires_grad=False,
+              attention_dropout=0.0, context_parallel=False, cp_comm_type="p2p", cp_size=1,
+              cp_size_a2a=1, deterministic=False, is_training=True, fp8=False,
+              fp8_meta={"fp8_checkpoint": False, "fp8_group": None}, inference_params=None,
+              softmax_type="vanilla", return_max_logit=False, cuda_graph=False, num_splits=1,
+              softmax_scale=128**-0.5, fp8_output=False, checkpoint_core_attention=False,
+              has_score_mod=False, has_score_mod_bprop=False)  # fmt: skip
+    per_call = dict(batch_size=2, attn_mask_type="causal", window_size=(-1, 0),
+                    bottom_right_diagonal=False, pad_between_seqs=False)  # fmt: skip
+    stored = utils.AttentionParams(**kw, **per_call)
+
+    def te_cached() -> bool:
+        return utils.AttentionParams(**kw, **per_call) != stored
+
+    plugin.load_plugins(device="h100", selector=Selector(default_probes(graph=False)))
+    try:
+        ours = plugin.get_attention_backend
+        assert ours(stored)[2] is True  # FusedAttention on sm90
+        te_us, our_us = [], []
+        for _ in range(9):  # alternate, so both see the same machine load
+            te_us.append(_median_us(te_cached, 20000, rounds=1))
+            our_us.append(_median_us(lambda: ours(stored), 20000, rounds=1))
+    finally:
+        plugin.uninstall()
+    t, o = statistics.median(te_us), statistics.median(our_us)
+    return (f"te_plugin plugin_get_attention_backend_us={o:.2f} te_cached_path_us={t:.2f} "
+            f"ratio={o / t:.3f} (target <= 0.25)")
+
+
 def main() -> None:
     device, policy = profile("h100"), Policy()
     cfg = FusedAttnConfig(**preset("llama3-8b"))
-    hot = Selector()
+    from te_fl_attention.probes import default_probes
+
+    rules = default_probes(graph=False)  # the rule pass alone (no cuDNN graph builds)
+    hot = Selector(rules)
     hot.decide(cfg, device, policy)
     memo = _median_us(lambda: hot.decide(cfg, device, policy), 20000)
 
     def full():
-        s = Selector()
+        s = Selector(rules)
         s.decide(cfg, device, policy)
 
     full_us = _median_us(full, 300)
@@ -49,6 +107,7 @@ def main() -> None:
           f"ratio={full_us / memo:.0f}x")
     print(f"select memo_hit_with_config_build_us={rebuilt:.2f} "
           f"memo_hit_with_env_policy_us={env:.2f} (vs full pass {full_us:.1f} us)")
+    print(_te_comparison())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ _LAZY = {
     "select": ("selector", "select"),
     "explain": ("selector", "explain"),
     "profile": ("device", "profile"),
+    # TransformerEngine integration (imports torch when first used)
+    "load_plugins": ("plugin.te", "load_plugins"),
+    "install": ("plugin.te", "install"),
+    "uninstall": ("plugin.te", "uninstall"),
 }
 
 __all__ = [*_LAZY, "__version__"]

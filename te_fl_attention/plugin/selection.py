@@ -1,0 +1,496 @@
+"""TE's ``get_attention_backend`` answered by our :class:`~te_fl_attention.selector.Selector`.
+
+:class:`TEBackend` turns a TE ``AttentionParams`` (any 2.x field set) into TE's 6-tuple
+``(use_flash, flash_attention_backend, use_fused, fused_attention_backend, use_unfused,
+available_backends)``. Three paths:
+
+* **eager, repeated params**: a memo keyed on the params' field values (read with one
+  ``operator.itemgetter`` over the instance ``__dict__``) and a snapshot of the policy's
+  environment variables; no ``FusedAttnConfig`` is built on a hit.
+* **eager, new params**: ``FusedAttnConfig.from_attention_params`` -> ``Selector.decide`` on the
+  plugin's device -> translation (below); the result is memoized.
+* **torch.compile**: the environment is read with ``os.environ.get`` (dynamo guards keys present
+  at trace time) and the selection runs behind ``torch.compiler.assume_constant_result`` with
+  constant inputs only. Batch size and sequence lengths enter only as the shape predicates a rule
+  can react to (:func:`shape_predicates`: ``s_q == 1``, ``s_q <= s_kv``, divisibility, ranges),
+  each a guard on the predicate, never on a size; the decision is made for the smallest
+  representative sizes with the same predicates (:func:`representative`). So a new batch size or
+  sequence length recompiles only when a predicate flips. Head counts and head dims are
+  specialized (a change can change any verdict).
+
+Translation: ``flash_attention_backend`` is a :class:`BackendVersion` (a ``packaging`` Version)
+naming the flash-tier backend that runs: the installed flash-attn flavour's version, or
+:data:`TRITON_VERSION` (our package version with the local label ``tefl.triton``) when our Triton
+kernel runs; it carries the decision so the FlashAttention router can check it.
+``fused_attention_backend`` is the cuDNN sub-backend in the type the installed TE expects: a
+plain ``int`` (TE >= 2.20), a ``FusedAttnBackend`` IntEnum member (2.19) or the pybind enum
+member (<= 2.18). ``available_backends`` is ``[flash or triton, fused, unfused]`` after the
+support filters and the environment switches, before the preference order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import itertools
+import logging
+import operator
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from packaging.version import Version
+from torch.fx.experimental.symbolic_shapes import guard_scalar
+
+from .. import __version__
+from ..config import FusedAttnConfig
+from ..device import DeviceProfile, profile
+from ..policy import _PREFER, ENV_VARS, Policy
+from ..reasons import Decision, NoBackendError
+from ..selector import Selector
+
+logger = logging.getLogger("te_fl_attention.plugin")
+
+#: The version string TE sees when our Triton kernel runs in TE's flash path.
+TRITON_VERSION = f"{__version__}+tefl.triton"
+#: Flash-tier backends the FlashAttention router can run.
+FLASH_TIER = ("fa2", "fa3", "fa4", "triton")
+_FLAVOUR_FIELDS = {"fa2": "flash_attn", "fa3": "flash_attn_3", "fa4": "flash_attn_4"}
+#: Fields the traced path passes through as constants (sizes and tensors are handled apart).
+TRACED_FIELDS = (
+    "qkv_type", "qkv_dtype", "nominal_dtype", "qkv_layout", "num_heads", "num_gqa_groups",
+    "head_dim_qk", "head_dim_v", "attn_mask_type", "window_size", "bottom_right_diagonal",
+    "core_attention_bias_type", "core_attention_bias_requires_grad", "attention_dropout",
+    "softmax_type", "softcap", "is_training", "deterministic", "fp8", "fp8_output",
+    "context_parallel", "cp_comm_type", "cp_size", "pad_between_seqs", "num_splits",
+    "return_max_logit", "cuda_graph", "has_score_mod", "has_score_mod_bprop",
+    "checkpoint_core_attention", "softmax_scale",
+)  # fmt: skip
+
+
+#: Integer fields that may arrive symbolic under dynamic=True and are specialized (any change of
+#: them can change a verdict, so a recompile is right).
+_SPECIALIZED = frozenset({"num_heads", "num_gqa_groups", "head_dim_qk", "head_dim_v", "cp_size",
+                          "num_splits"})
+
+
+class BackendVersion(Version):
+    """A flash-tier backend as TE's ``flash_attention_backend``: compares, hashes and prints as
+    the plain version (``2.8.3``, ``0.1.0+tefl.triton``); ``backend`` names it (``fa2``,
+    ``fa3``, ``fa4``, ``triton``), ``allowed`` lists every flash-tier backend the decision
+    accepts, ``heads`` the (num_heads, num_gqa_groups) it was made for, ``bottom_right`` its
+    diagonal alignment, ``decision`` the :class:`~te_fl_attention.reasons.Decision` itself."""
+
+    def __init__(self, version: str, backend: str, decision: Decision,
+                 allowed: tuple[str, ...]) -> None:  # fmt: skip
+        super().__init__(version)
+        cfg = decision.config
+        self.backend = backend
+        self.allowed = allowed
+        self.decision = decision
+        self.heads = (cfg.num_heads, cfg.num_gqa_groups)
+        self.bottom_right = bool(cfg.bottom_right_diagonal)
+
+
+# ------------------------------------------------------------------------------- shapes
+def _truth(cond: Any) -> bool:
+    """``cond`` as a Python bool. Under torch.compile this guards on ``cond`` (``bool()`` of a
+    symbolic comparison stays symbolic there)."""
+    return True if cond else False  # noqa: SIM210
+
+
+def shape_predicates(b: Any, h: int, sq: Any, skv: Any) -> tuple[bool, ...]:
+    """Every property of (batch, s_q, s_kv) that a rule can react to. Under torch.compile each
+    one becomes a guard on that predicate, never on a size."""
+    t = _truth
+    return (
+        t(b == 1), t(sq == 1), t(skv == 1), t(sq == skv), t(sq < skv), t(sq % 64 == 0),
+        t(skv % 64 == 0), t(skv % 128 == 0), t(skv % 256 == 0), t(skv > 1024),
+        t(b * h * sq * skv >= 1 << 30),
+    )  # fmt: skip
+
+
+_SEQS = (1, 2, 3, *sorted({x for k in range(6, 24) for x in (1 << k, (1 << k) + 64,
+                                                             (1 << k) + 128, (1 << k) + 1)}))
+_BATCHES = (1, 2, 3, *(1 << k for k in range(2, 31)))
+
+
+@functools.lru_cache(maxsize=1024)
+def representative(h: int, preds: tuple[bool, ...]) -> tuple[int, int, int]:
+    """The smallest (batch, s_q, s_kv) in a fixed grid with these predicates."""
+    for sq, skv, b in itertools.product(_SEQS, _SEQS, _BATCHES):
+        if shape_predicates(b, h, sq, skv) == preds:
+            return b, sq, skv
+    raise RuntimeError(f"no representative size for num_heads={h}, predicates={preds}")
+
+
+def _bias_code(shape: Any, batch: Any, heads: Any, sq: Any) -> str | None:
+    """TE's bias shape (a code, or a (b, h, sq, skv) tuple in TE >= 2.20) as its code, from
+    relations only (traceable: no raw sizes leave this function)."""
+    if shape is None or isinstance(shape, str):
+        return shape
+    b, h, s_q = shape[0], shape[1], shape[2]
+    if b == batch and h == heads:
+        return "bhss"
+    if b == 1 and h == heads:
+        return "1hss"
+    if b == batch and h == 1:
+        return "b1ss"
+    if b == 1 and h == 1:
+        return "111s" if s_q == 1 and sq != 1 else "11ss"
+    return "invalid"
+
+
+def _bias_tuple(code: str | None, b: int, h: int, sq: int, skv: int) -> Any:
+    if code is None or code == "invalid":
+        return None if code is None else (0, 0, 0, 0)
+    return (b if code[0] == "b" else 1, h if code[1] == "h" else 1,
+            1 if code == "111s" else sq, skv)  # fmt: skip
+
+
+def _recipe_key(fp8_meta: Any) -> tuple | None:
+    """What ``from_attention_params`` reads of an FP8 recipe: class names and the dpa/mha flags."""
+    if not isinstance(fp8_meta, Mapping):
+        return None
+    recipe = fp8_meta.get("recipe")
+    local = fp8_meta.get("local_recipes")
+    first = local[0] if local else None
+    return (type(recipe).__name__, bool(getattr(recipe, "fp8_dpa", False)),
+            bool(getattr(recipe, "fp8_mha", False)),
+            None if first is None else type(first).__name__,
+            bool(getattr(first, "fp8_mha", False)))  # fmt: skip
+
+
+def _fake_fp8_meta(key: tuple | None) -> dict[str, Any] | None:
+    if key is None:
+        return None
+    name, dpa, mha, local, local_mha = key
+    meta: dict[str, Any] = {"recipe": type(name, (), {"fp8_dpa": dpa, "fp8_mha": mha})()}
+    if local is not None:
+        meta["local_recipes"] = [type(local, (), {"fp8_dpa": dpa, "fp8_mha": local_mha})()]
+    return meta
+
+
+# ------------------------------------------------------------------------------- environment
+_ENVIRON = os.environ
+_FAST_ENV = os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict
+_ENV_DATA = os.environ._data if _FAST_ENV else None  # type: ignore[attr-defined]
+_ENV_BKEYS = tuple(os.fsencode(k) for k in ENV_VARS)
+
+
+_ENV_GET = operator.itemgetter(*_ENV_BKEYS)
+
+
+def env_key() -> tuple:
+    """The policy's environment variables (raw) and the active ``prefer()`` context. On POSIX
+    CPython this reads ``os.environ``'s backing dict directly (10x cheaper than
+    ``os.environ.get``, which is what the traced path uses); one C call when every variable is
+    set (the plugin seeds them), a per-key ``get`` otherwise."""
+    if _FAST_ENV and os.environ is _ENVIRON:
+        try:
+            return (_ENV_GET(_ENV_DATA), _PREFER.get())
+        except KeyError:
+            return (tuple(map(_ENV_DATA.get, _ENV_BKEYS)), _PREFER.get())  # type: ignore[union-attr]
+    return (tuple(map(os.environ.get, ENV_VARS)), _PREFER.get())
+
+
+def _policy_from_key(env: tuple) -> Policy:
+    values = {}
+    for name, raw in zip(ENV_VARS, env[0], strict=True):
+        if raw is not None:
+            values[name] = os.fsdecode(raw) if isinstance(raw, bytes) else raw
+    return Policy.from_env(environ=values)
+
+
+def env_defaults() -> dict[str, str]:
+    """For each policy variable, a value that means the same as leaving it unset (what
+    the plugin writes at load time). Variables without such a value are left out."""
+    base = Policy.from_env(environ={})
+    out = {}
+    for name in ENV_VARS:
+        for candidate in ("1", "0", ""):
+            try:
+                same = Policy.from_env(environ={name: candidate}) == base
+            except ValueError:
+                continue
+            if same:
+                out[name] = candidate
+                break
+    return out
+
+
+# ------------------------------------------------------------------------------- TE types
+@functools.lru_cache(maxsize=1)
+def te_version() -> Version | None:
+    """The installed TransformerEngine version (package metadata), or None."""
+    from importlib import metadata
+
+    for dist in ("transformer-engine", "transformer_engine"):
+        try:
+            return Version(metadata.version(dist))
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+    return None
+
+
+_SUB_BACKEND_NAMES = {-1: "No_Backend", 0: "F16_max512_seqlen", 1: "F16_arbitrary_seqlen",
+                      2: "FP8"}  # fmt: skip
+
+
+def fused_backend_translator() -> Callable[[int], Any]:
+    """int sub-backend -> the value the installed TE's ``get_attention_backend`` returns."""
+    version = te_version()
+    if version is None or version.release >= (2, 20):
+        return int
+    fa = sys.modules.get("transformer_engine.pytorch.cpp_extensions.fused_attn")
+    table = getattr(fa, "FusedAttnBackend", None)
+    if isinstance(table, type) and issubclass(table, enum.Enum):
+        return table  # 2.19: FusedAttnBackend(1) is the member
+    if isinstance(table, Mapping):  # <= 2.18: names -> pybind members
+        return lambda value: table[_SUB_BACKEND_NAMES[value]]
+    return int
+
+
+# ------------------------------------------------------------------------------- the backend
+TETuple = tuple[bool, Any, bool, Any, bool, list]
+
+
+class TEBackend:
+    """Our selection as TE's ``get_attention_backend``, for one device and one selector."""
+
+    def __init__(self, selector: Selector, device: DeviceProfile | str | None = None,
+                 memo_size: int = 4096) -> None:  # fmt: skip
+        self.selector = selector
+        self.device = profile(device)
+        self.epoch = next(_EPOCHS)
+        self._memo: dict[tuple, tuple] = {}
+        self._memo_size = memo_size
+        self._getters: dict[type, Callable[[dict], tuple] | None] = {}
+        self._translate: Callable[[int], Any] | None = None
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.stats = {"hits": 0, "misses": 0, "traced": 0}
+        self._agree_pending = True
+
+    # -- eager ------------------------------------------------------------------------------
+    def __call__(self, attention_params: Any = None) -> TETuple:
+        """TE's ``get_attention_backend(attention_params)``."""
+        if _is_compiling():
+            return self.traced(attention_params)
+        try:  # the hot path: one itemgetter over the params, the env snapshot, a dict lookup
+            d = attention_params.__dict__
+            if os.environ is not _ENVIRON:
+                raise TypeError
+            key = (self._getters[type(attention_params)](d),
+                   _recipe_key(d["fp8_meta"]) if d["fp8"] else None,
+                   (_ENV_GET(_ENV_DATA), _PREFER.get()))  # env_key(), inlined
+            hit = self._memo[key]
+        except (AttributeError, KeyError, TypeError):
+            return self._slow(attention_params)
+        return (hit[0], hit[1], hit[2], hit[3], hit[4], [*hit[5]])
+
+    def _slow(self, params: Any) -> TETuple:
+        """A memo miss, or params the fast key cannot read (not a dataclass, a list field)."""
+        key = None
+        d = getattr(params, "__dict__", None)
+        cls = type(params)
+        if d is not None and cls not in self._getters:
+            self._getters[cls] = _field_getter(cls)
+        getter = self._getters.get(cls)
+        if d is not None and getter is not None:
+            try:
+                key = _frozen((getter(d), _recipe_key(d.get("fp8_meta")) if d.get("fp8")
+                               else None, env_key()))  # fmt: skip
+            except KeyError:
+                key = None
+            hit = self._memo.get(key) if key is not None else None
+            if hit is not None:
+                return (hit[0], hit[1], hit[2], hit[3], hit[4], [*hit[5]])
+        return self._miss(params, key)
+
+    def _miss(self, params: Any, key: tuple | None) -> TETuple:
+        self.stats["misses"] += 1
+        env = key[2] if key is not None else env_key()
+        policy = _policy_from_key(env)
+        config = FusedAttnConfig.from_attention_params(params)
+        value = self.translate(self._decide(config, policy), policy)
+        if key is not None:
+            with self._lock:
+                if len(self._memo) >= self._memo_size:
+                    self._memo.clear()
+                self._memo[key] = value
+        return (*value[:5], list(value[5]))  # type: ignore[return-value]
+
+    def _decide(self, config: FusedAttnConfig, policy: Policy) -> Decision:
+        """An agreed decision when ``TE_FL_ATTN_AGREE`` asks for one, else our own.
+
+        The only collective is :func:`~te_fl_attention.fleet.agree` on the first selection of
+        the process, which every rank of a data/tensor-parallel job reaches together. Later
+        configs use what an explicit ``fleet.agree(configs)`` agreed, else the local decision:
+        a collective on a later memo miss could deadlock ranks whose misses differ."""
+        from .. import fleet
+
+        if self._agree_pending:
+            self._agree_pending = False
+            mode = fleet.agree_from_env()
+            if mode is not None and fleet.dist_ready():
+                return fleet.agree([config], mode=mode, device=self.device,
+                                   selector=self.selector, policy=policy)[0]  # fmt: skip
+        return fleet.agreed(config, self.device) or self.selector.decide(config, self.device,
+                                                                          policy)  # fmt: skip
+
+    def decide(self, attention_params: Any) -> Decision:
+        """The full :class:`Decision` (every candidate's reasons) for TE's params."""
+        config = FusedAttnConfig.from_attention_params(attention_params)
+        return self.selector.decide(config, self.device, Policy.from_env())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+
+    # -- translation --------------------------------------------------------------------------
+    def translate(self, decision: Decision, policy: Policy) -> tuple:
+        """A decision as TE's tuple (``available_backends`` as a tuple: callers copy it)."""
+        res = {r.backend: r for r in decision.results}
+        ok = {name: bool(r.supported) for name, r in res.items()}
+        chosen = decision.chosen
+        flash_ok, triton_ok = ok.get("flash", False), ok.get("triton", False)
+        allowed = tuple(v.backend for v in res["flash"].variants if v.supported) \
+            if "flash" in res else ()  # fmt: skip
+        allowed += ("triton",) if triton_ok else ()
+        tier = chosen if chosen in ("flash", "triton") else \
+            "flash" if flash_ok else "triton" if triton_ok else None  # fmt: skip
+        fab = None
+        if tier == "flash":
+            flavour = decision.flash_variant or policy.flavour(res["flash"]) or "fa2"
+            fab = BackendVersion(self._flavour_version(flavour), flavour, decision, allowed)
+        elif tier == "triton":
+            fab = BackendVersion(TRITON_VERSION, "triton", decision, allowed)
+        fused = None
+        if ok.get("fused"):
+            if self._translate is None:
+                self._translate = fused_backend_translator()
+            sub = res["fused"].detail.get("sub_backend") or 1
+            fused = self._translate(int(sub))
+        if chosen is None:
+            self._warn_none(decision)
+        return (chosen in ("flash", "triton"), fab, chosen == "fused", fused,
+                chosen == "unfused", (flash_ok or triton_ok, ok.get("fused", False),
+                                      ok.get("unfused", False)))  # fmt: skip
+
+    def _flavour_version(self, flavour: str) -> str:
+        text = getattr(self.device, _FLAVOUR_FIELDS[flavour], None)
+        try:
+            return str(Version(text)) if text else f"{flavour[-1]}"
+        except ValueError:
+            return f"{flavour[-1]}"
+
+    def _warn_none(self, decision: Decision) -> None:
+        if _is_compiling():
+            return
+        key = decision.config.key()
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("%s", NoBackendError(decision))
+
+    # -- torch.compile ---------------------------------------------------------------------------
+    def traced(self, p: Any) -> TETuple:
+        """The selection inside a torch.compile trace (see the module docstring)."""
+        b, sq, skv, h = p.batch_size, p.max_seqlen_q, p.max_seqlen_kv, guard_scalar(p.num_heads)
+        preds = shape_predicates(b, h, sq, skv)
+        fields = []
+        for name in TRACED_FIELDS:
+            if hasattr(p, name):
+                value = getattr(p, name)
+                if name in _SPECIALIZED:  # a symbolic head count or dim: guard on its value
+                    value = guard_scalar(value)
+                fields.append((name, tuple(value) if isinstance(value, list) else value))
+        bias = _bias_code(getattr(p, "core_attention_bias_shape", None), b, h, sq)
+        alibi = getattr(p, "alibi_slopes_shape", None)
+        alibi_rank = None if alibi is None else len(alibi)
+        fp8 = _recipe_key(getattr(p, "fp8_meta", None)) if getattr(p, "fp8", False) else None
+        inf = getattr(p, "inference_params", None)
+        kv = None if inf is None else (bool(getattr(inf, "is_paged", False)),
+                                       guard_scalar(getattr(inf, "page_size", 0) or 0))
+        env = tuple(os.environ.get(name) for name in ENV_VARS)
+        return _constant_select(self.epoch, preds, tuple(fields), bias, alibi_rank, fp8, kv, env)
+
+    def traced_select(self, preds: tuple, fields: tuple, bias: str | None,
+                      alibi_rank: int | None, fp8: tuple | None, kv: tuple | None,
+                      env: tuple) -> TETuple:  # fmt: skip
+        """What :meth:`traced` evaluates at trace time, with constants only."""
+        self.stats["traced"] += 1
+        values = dict(fields)
+        h = int(values.get("num_heads", 16))
+        b, sq, skv = representative(h, preds)
+        inference = None if kv is None else SimpleNamespace(is_paged=kv[0], page_size=kv[1])
+        alibi = None if alibi_rank is None else ((h,) if alibi_rank == 1 else (b, h))
+        params = SimpleNamespace(
+            **values, batch_size=b, max_seqlen_q=sq, max_seqlen_kv=skv,
+            core_attention_bias_shape=_bias_tuple(bias, b, h, sq, skv), alibi_slopes_shape=alibi,
+            fp8_meta=_fake_fp8_meta(fp8), inference_params=inference,
+        )  # fmt: skip
+        policy = Policy.from_env(environ={k: v for k, v in zip(ENV_VARS, env, strict=True)
+                                          if v is not None})  # fmt: skip
+        config = FusedAttnConfig.from_attention_params(params)
+        value = self.translate(self.selector.decide(config, self.device, policy), policy)
+        return (*value[:5], list(value[5]))  # type: ignore[return-value]
+
+
+_is_compiling = torch.compiler.is_compiling
+_EPOCHS = itertools.count(1)
+#: The backend the traced path reads (set by :func:`set_current`; one per process).
+_CURRENT: list[TEBackend] = []
+
+
+def set_current(backend: TEBackend | None) -> None:
+    _CURRENT[:] = [] if backend is None else [backend]
+
+
+def current() -> TEBackend | None:
+    return _CURRENT[0] if _CURRENT else None
+
+
+@torch.compiler.assume_constant_result
+def _constant_select(epoch: int, preds: tuple, fields: tuple, bias: Any, alibi_rank: Any,
+                     fp8: Any, kv: Any, env: tuple) -> TETuple:  # fmt: skip
+    backend = next((b for b in _CURRENT if b.epoch == epoch), None)
+    if backend is None:
+        raise RuntimeError("the te-fl-attention backend was reconfigured during tracing")
+    return backend.traced_select(preds, fields, bias, alibi_rank, fp8, kv, env)
+
+
+def _frozen(key: tuple) -> tuple | None:
+    """The key with list values as tuples (None if still unhashable)."""
+    values, fp8, env = key
+    out = (tuple(tuple(v) if isinstance(v, list) else v for v in values), fp8, env)
+    try:
+        hash(out)
+    except TypeError:
+        return None
+    return out
+
+
+#: AttentionParams fields the key leaves out: ``fp8_meta`` (keyed by its recipe instead) and the
+#: thd token counts (they change every batch and no rule reads them).
+_UNKEYED = ("fp8_meta", "num_tokens_q", "num_tokens_kv")
+
+
+def _field_getter(cls: type) -> Callable[[dict], tuple] | None:
+    """One C call that reads every keyed field from an instance ``__dict__``."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in _UNKEYED]
+    if len(names) < 2:
+        return None
+    return operator.itemgetter(*names)
+
+
+__all__ = ["TEBackend", "BackendVersion", "TRITON_VERSION", "FLASH_TIER", "shape_predicates",
+           "representative", "env_key", "env_defaults",
+           "fused_backend_translator", "te_version", "current", "set_current"]  # fmt: skip
