@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from te_fl_attention import Policy, Selector
-from te_fl_attention import fleet
+from te_fl_attention import Policy, Selector, fleet
 from te_fl_attention.plugin.selection import TEBackend
 from te_fl_attention.probes import default_probes
 
 
 def params(seq: int) -> SimpleNamespace:
-    return SimpleNamespace(qkv_dtype="torch.bfloat16", qkv_layout="bshd_bshd_bshd",
-                           max_seqlen_q=seq, max_seqlen_kv=seq, attn_mask_type="causal")  # fmt: skip
+    return SimpleNamespace(
+        qkv_dtype="torch.bfloat16", qkv_layout="bshd_bshd_bshd", max_seqlen_q=seq,
+        max_seqlen_kv=seq, attn_mask_type="causal",
+    )  # fmt: skip
 
 
 def test_agree_runs_once_then_lookups(monkeypatch):
