@@ -570,11 +570,9 @@ def _dtype_name(dtype: Any) -> str:
     raise _bad("dtype", text, "allowed: " + ", ".join(DTYPES) + " (or the torch dtypes)")
 
 
-def _bias_shape_code(shape: Any, batch: int, heads: int, sq: int) -> str | None:
-    """TE's bias shape, as a string code or a (b, h, sq, skv) tuple, -> one of BIAS_SHAPES."""
-    if shape is None or isinstance(shape, str):
-        return shape
-    b, h, s_q, _ = (int(x) for x in shape)
+def classify_bias_shape(b: Any, h: Any, s_q: Any, batch: Any, heads: Any, sq: Any) -> str | None:
+    """TE's label for a ``(b, h, s_q, skv)`` bias tensor, tried in TE's order (bhss, 1hss, b1ss,
+    then 111s/11ss); ``None`` when it is none of them. Uses comparisons only (traceable)."""
     if b == batch and h == heads:
         return "bhss"
     if b == 1 and h == heads:
@@ -583,8 +581,19 @@ def _bias_shape_code(shape: Any, batch: int, heads: int, sq: int) -> str | None:
         return "b1ss"
     if b == 1 and h == 1:
         return "111s" if s_q == 1 and sq != 1 else "11ss"
-    allowed = "expected one of (b|1, h|1, sq|1, skv) shapes: " + ", ".join(BIAS_SHAPES)
-    raise _bad("core_attention_bias_shape", tuple(shape), allowed)
+    return None
+
+
+def _bias_shape_code(shape: Any, batch: int, heads: int, sq: int) -> str | None:
+    """TE's bias shape, as a string code or a (b, h, sq, skv) tuple, -> one of BIAS_SHAPES."""
+    if shape is None or isinstance(shape, str):
+        return shape
+    b, h, s_q, _ = (int(x) for x in shape)
+    code = classify_bias_shape(b, h, s_q, batch, heads, sq)
+    if code is None:
+        allowed = "expected one of (b|1, h|1, sq|1, skv) shapes: " + ", ".join(BIAS_SHAPES)
+        raise _bad("core_attention_bias_shape", tuple(shape), allowed)
+    return code
 
 
 def canonical_bias_shape(code: str, batch: int, heads: int, sq: int) -> str:

@@ -48,7 +48,7 @@ from packaging.version import Version
 from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from .. import __version__
-from ..config import FusedAttnConfig
+from ..config import FusedAttnConfig, classify_bias_shape
 from ..device import DeviceProfile, profile
 from ..policy import _PREFER, ENV_VARS, Policy
 from ..reasons import Decision, NoBackendError
@@ -134,16 +134,7 @@ def _bias_code(shape: Any, batch: Any, heads: Any, sq: Any) -> str | None:
     relations only (traceable: no raw sizes leave this function)."""
     if shape is None or isinstance(shape, str):
         return shape
-    b, h, s_q = shape[0], shape[1], shape[2]
-    if b == batch and h == heads:
-        return "bhss"
-    if b == 1 and h == heads:
-        return "1hss"
-    if b == batch and h == 1:
-        return "b1ss"
-    if b == 1 and h == 1:
-        return "111s" if s_q == 1 and sq != 1 else "11ss"
-    return "invalid"
+    return classify_bias_shape(shape[0], shape[1], shape[2], batch, heads, sq) or "invalid"
 
 
 def _bias_tuple(code: str | None, b: int, h: int, sq: int, skv: int) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..config import FusedAttnConfig
 from ..device import DeviceProfile
 from ..reasons import Reason
-from .base import reject
+from .base import Rule, reject
 
 
 def score_mod_bprop_needs_score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
@@ -66,6 +66,19 @@ def kv_cache_thd_padding(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
             limit="pad_between_seqs=False",
         )
     return None
+
+
+def score_mod_only_fused(backend: str) -> Rule:
+    """TE: "Disabling <backend> for score_mod" (only FusedAttention runs score_mod)."""
+
+    def score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        if c.has_score_mod:
+            return reject("score_mod.unsupported", "score_mod is only supported by FusedAttention",
+                          observed="score_mod", limit="no score_mod")  # fmt: skip
+        return None
+
+    score_mod.__doc__ = f'TE: "Disabling {backend} for score_mod".'
+    return score_mod
 
 
 ALL_BACKENDS = (

@@ -29,7 +29,7 @@ from ..config import FusedAttnConfig
 from ..device import DeviceProfile
 from ..reasons import DISPLAY_NAMES, ProbeResult, Reason
 from .base import Rule, evaluate, no_gpu, reject, version
-from .common import ALL_BACKENDS
+from .common import ALL_BACKENDS, score_mod_only_fused
 
 FA2_MIN = Version("2.1.1")
 FA2_MIN_BLACKWELL = Version("2.7.3")
@@ -73,16 +73,7 @@ def max_logit(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
-def score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE: "Disabling FlashAttention for score_mod"."""
-    if c.has_score_mod:
-        return reject(
-            "score_mod.unsupported",
-            "score_mod is only supported by FusedAttention",
-            observed="score_mod",
-            limit="no score_mod",
-        )
-    return None
+score_mod = score_mod_only_fused("FlashAttention")
 
 
 def kv_cache_sm120(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:

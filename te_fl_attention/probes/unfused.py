@@ -6,7 +6,7 @@ from ..config import FusedAttnConfig
 from ..device import DeviceProfile
 from ..reasons import Reason
 from .base import RuleProbe, reject
-from .common import ALL_BACKENDS
+from .common import ALL_BACKENDS, score_mod_only_fused
 
 #: The reason code the policy waives when NVTE_UnfusedDPA_Emulate_FP8=1.
 FP8_EMULATION_CODE = "fp8.unfused"
@@ -38,16 +38,7 @@ def num_splits(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
-def score_mod(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE: "Disabling UnfusedDotProductAttention for score_mod"."""
-    if c.has_score_mod:
-        return reject(
-            "score_mod.unsupported",
-            "score_mod is only supported by FusedAttention",
-            observed="score_mod",
-            limit="no score_mod",
-        )
-    return None
+score_mod = score_mod_only_fused("UnfusedDotProductAttention")
 
 
 def thd_padding_between_seqs(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
