@@ -91,7 +91,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .selector import default_selector
 
     config = build_config(args)
-    decision = default_selector().decide(config, args.device, _policy(args), force=args.force)
+    policy = _policy(args)
+    if args.verify or args.measure:
+        policy = policy.with_(verify=policy.verify or args.verify,
+                              measure=policy.measure or args.measure)  # fmt: skip
+    decision = default_selector().decide(config, args.device, policy, force=args.force)
     if args.json:
         print(render.to_json(decision))
     else:
@@ -159,6 +163,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--force", help="only consider this backend (error if unsupported)")
     e.add_argument("--prefer", help="comma-separated backends to try first")
     e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument("--verify", action="store_true",
+                   help="compare each candidate that can run here with the reference on a small "
+                   "problem of this config (TE_FL_ATTN_VERIFY=1)")  # fmt: skip
+    e.add_argument("--measure", action="store_true",
+                   help="time each candidate that can run here and choose the fastest "
+                   "(TE_FL_ATTN_MEASURE=1; on CPU a scaled-down shape)")  # fmt: skip
     _add_config_flags(e)
     e.set_defaults(func=cmd_explain)
 
@@ -181,6 +191,9 @@ def parser() -> argparse.ArgumentParser:
         pass
     else:
         add_cache_parser(sub)
+    from .fleet_cli import add_fleet_parser
+
+    add_fleet_parser(sub)
     return p
 
 
