@@ -86,7 +86,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000, help="entries (default 1,000,000)")
     ap.add_argument("--gets", type=int, default=10_000, help="random lookups to time")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--no-orjson", action="store_true",
+                    help="use the standard json module only (as without orjson installed)")
     args = ap.parse_args()
+    if args.no_orjson:
+        from te_fl_attention.cache import _json
+
+        _json.FAST = False
     tmp = tempfile.TemporaryDirectory(prefix="bench-cache-", dir=args.dir)
     root = Path(tmp.name)
     keys: list[CacheKey] = []
@@ -127,7 +133,8 @@ def main() -> None:
     print(f"cache_scale n={args.n} get_p50_us={p50:.1f} get_p99_us={p99:.1f} "
           f"import_per_s={args.n / import_s:.0f} bytes_per_entry={size / args.n:.0f} "
           f"build_per_s={args.n / build_s:.0f} export_per_s={exported / export_s:.0f} "
-          f"{'ok' if ok else 'MISMATCH'} (targets: p99<=1000us, import>=100000/s)")  # fmt: skip
+          f"{'ok' if ok else 'MISMATCH'}{' json-only' if args.no_orjson else ''} "
+          "(targets: p99<=1000us, import>=100000/s)")  # fmt: skip
     tmp.cleanup()
 
 

@@ -4,6 +4,7 @@ Each phase runs in its own fresh process against one SQLite store: the cold phas
 config (cuDNN graph builds when cudnn-frontend is installed, rules otherwise) and writes the
 results; the warm phase answers the same configs from the store. Prints one line:
     warmstart configs=N cold_ms=... warm_ms=... ratio=...x first_warm_lookup_us=... ...
+``--no-orjson``: both phases with the standard json module only (as without orjson installed).
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ def configs() -> list[dict]:
 
 
 PHASE = r"""
-import json, sys, time
+import json, os, sys, time
 t0 = time.perf_counter()
 from te_fl_attention import FusedAttnConfig
+if os.environ.get("BENCH_NO_ORJSON"):  # --no-orjson: as without orjson installed
+    from te_fl_attention.cache import _json
+    _json.FAST = False
 from te_fl_attention.selector import default_selector
 from te_fl_attention.device import profile
 cfgs = [FusedAttnConfig(**c) for c in json.load(open(sys.argv[1]))]
@@ -57,22 +61,25 @@ print(json.dumps({"total_s": t_end - t_open, "first_s": first, "startup_s": t_op
 """
 
 
-def run_phase(cfg_file: str, store: str) -> dict:
+def run_phase(cfg_file: str, store: str, no_orjson: bool = False) -> dict:
     env = {**os.environ, "TE_FL_ATTN_CACHE": store, "PYTHONPATH": str(ROOT)}
+    if no_orjson:
+        env["BENCH_NO_ORJSON"] = "1"
     p = subprocess.run([sys.executable, "-c", PHASE, cfg_file], capture_output=True, text=True,
                        env=env, check=True)  # fmt: skip
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
+    no_orjson = "--no-orjson" in sys.argv[1:]
     cfgs = configs()
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = os.path.join(tmp, "configs.json")
         with open(cfg_file, "w") as fh:
             json.dump(cfgs, fh)
         store = os.path.join(tmp, "probes.sqlite")
-        cold = run_phase(cfg_file, store)
-        warm = run_phase(cfg_file, store)
+        cold = run_phase(cfg_file, store, no_orjson)
+        warm = run_phase(cfg_file, store, no_orjson)
     assert warm["stats"]["probes"] == 0, warm["stats"]
     ratio = cold["total_s"] / warm["total_s"]
     print(
@@ -82,7 +89,7 @@ def main() -> None:
         f"cold_per_config_ms={cold['total_s'] * 1e3 / len(cfgs):.2f} "
         f"warm_per_config_us={warm['total_s'] * 1e6 / len(cfgs):.0f} "
         f"probes_cold={cold['stats']['probes']} warm_startup_ms={warm['startup_s'] * 1e3:.0f} "
-        "(targets: ratio >= 100x, first warm lookup <= 100 us)"
+        f"{'json-only ' if no_orjson else ''}(targets: ratio >= 100x, first warm lookup <= 100 us)"
     )
 
 

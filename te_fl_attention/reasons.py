@@ -31,6 +31,9 @@ DISPLAY_NAMES = {
 }
 
 
+_new = object.__new__
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
@@ -70,14 +73,22 @@ class Reason:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Reason:
-        return cls(
-            code=str(d["code"]),
-            message=str(d["message"]),
-            stage=str(d.get("stage", "rule")),
-            observed=d.get("observed"),
-            limit=d.get("limit"),
-            hint=d.get("hint"),
-        )
+        # str() only where the value is not a str already (it would return it unchanged).
+        code = d["code"]
+        code = code if type(code) is str else str(code)
+        message = d["message"]
+        message = message if type(message) is str else str(message)
+        stage = d.get("stage", "rule")
+        stage = stage if type(stage) is str else str(stage)
+        if cls is not Reason:  # a subclass may add fields or checks: use its __init__
+            return cls(code=code, message=message, stage=stage, observed=d.get("observed"),
+                       limit=d.get("limit"), hint=d.get("hint"))  # fmt: skip
+        # The same fields, in the same order, as __init__ sets them (it has no other effects):
+        # filling __dict__ directly skips the frozen dataclass's per-field object.__setattr__.
+        obj = _new(cls)
+        obj.__dict__.update(code=code, message=message, stage=stage, observed=d.get("observed"),
+                            limit=d.get("limit"), hint=d.get("hint"))  # fmt: skip
+        return obj
 
 
 @dataclass(frozen=True)
@@ -111,16 +122,38 @@ class ProbeResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProbeResult:
-        return cls(
-            backend=str(d["backend"]),
-            supported=bool(d["supported"]),
-            reasons=tuple(Reason.from_dict(r) for r in d.get("reasons", ())),
-            stage=str(d.get("stage", "rule")),
-            evidence=str(d.get("evidence", "rules")),
-            elapsed_ms=float(d.get("elapsed_ms", 0.0)),
-            detail=dict(d.get("detail") or {}),
-            variants=tuple(cls.from_dict(v) for v in d.get("variants", ())),
-        )
+        # Converted in __init__'s field order, so a bad value raises what it always raised; a
+        # value already of the field's type is taken as is (the conversion would return it).
+        backend = d["backend"]
+        backend = backend if type(backend) is str else str(backend)
+        supported = d["supported"]
+        supported = supported if type(supported) is bool else bool(supported)
+        reasons = d.get("reasons", ())
+        if type(reasons) is not list or reasons:  # () for the usual []
+            reasons = tuple(map(Reason.from_dict, reasons))
+        else:
+            reasons = ()
+        stage = d.get("stage", "rule")
+        stage = stage if type(stage) is str else str(stage)
+        evidence = d.get("evidence", "rules")
+        evidence = evidence if type(evidence) is str else str(evidence)
+        elapsed_ms = d.get("elapsed_ms", 0.0)
+        elapsed_ms = elapsed_ms if type(elapsed_ms) is float else float(elapsed_ms)
+        detail = dict(d.get("detail") or {})
+        variants = d.get("variants", ())
+        if type(variants) is not list or variants:
+            variants = tuple(map(cls.from_dict, variants))
+        else:
+            variants = ()
+        if cls is not ProbeResult:  # a subclass may add fields or checks: use its __init__
+            return cls(backend=backend, supported=supported, reasons=reasons, stage=stage,
+                       evidence=evidence, elapsed_ms=elapsed_ms, detail=detail,
+                       variants=variants)  # fmt: skip
+        obj = _new(cls)  # see Reason.from_dict
+        obj.__dict__.update(backend=backend, supported=supported, reasons=reasons, stage=stage,
+                            evidence=evidence, elapsed_ms=elapsed_ms, detail=detail,
+                            variants=variants)  # fmt: skip
+        return obj
 
     @property
     def display_name(self) -> str:

@@ -1,7 +1,11 @@
-"""`Selector`: memo -> probe cache -> probes -> policy -> `Decision`.
+"""`Selector`: memo -> probe cache -> probes -> (verification, measurement) -> policy ->
+`Decision`.
 
 The hot path is a dict lookup keyed on the frozen (config, device, policy) triple: no I/O, no
-hashing beyond the dataclasses' own ``__hash__``.
+hashing beyond the dataclasses' own ``__hash__``. With ``Policy(verify=True)`` /
+``Policy(measure=True)`` two more stages run on the candidates that can run here; their results
+are stored as rows of their own (same config key, backend and device fingerprint, a versions key
+that adds the stage, see :meth:`Selector.stage_env`), so probe rows are shared by every policy.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class Selector:
 
     def __init__(self, probes: Iterable[Probe] | None = None, cache: ResultCache | None = None,
                  memo_size: int = 65536):  # fmt: skip
-        self.probes: tuple[Probe, ...] = tuple(probes) if probes is not None else default_probes()
+        self.probes: tuple[Probe, ...] = tuple(probes) if probes is not None else _default_probes()
         self.cache = cache
         self._memo: dict[tuple, Decision] = {}
         self._results: dict[tuple, tuple[ProbeResult, ...]] = {}
@@ -42,6 +46,14 @@ class Selector:
         self.stats = {"memo_hits": 0, "cache_hits": 0, "probes": 0}
         self._probe_env: dict[str, Any] | None = None
         self._vkeys: dict[DeviceProfile, str] = {}
+        self._stage_vkeys: dict[tuple[DeviceProfile, str], str] = {}
+        self._staged: dict[tuple, ProbeResult] = {}
+
+    @property
+    def interpret(self) -> bool:
+        """Whether this selector's Triton probe may use the Triton interpreter on CPU (and so
+        whether verification and measurement may run the Triton kernel there)."""
+        return any(getattr(p, "interpret", False) for p in self.probes if p.name == "triton")
 
     # ------------------------------------------------------------------ results
     def probe_env(self) -> dict[str, Any]:
@@ -70,11 +82,18 @@ class Selector:
 
     def prepare(self, device: DeviceProfile | str | None = None) -> None:
         """Start-up work, done once so the first selection is a lookup: resolve the device,
-        digest the probes, compute the device's cache-key parts and open the store."""
+        digest the probes, compute the device's cache-key parts, open the store and ready its
+        lookups (``warm_up``: compiled statements, the top of the table, the decoder), and parse
+        the environment's policy (what :meth:`decide` uses by default)."""
         dev = profile(device)
         self._cache_keys(FusedAttnConfig(), dev)
         if self.cache is not None:
-            len(self.cache)
+            warm_up = getattr(self.cache, "warm_up", None)
+            if warm_up is not None:
+                warm_up()
+            else:  # a cache without it: at least open it
+                len(self.cache)
+        Policy.from_env()
 
     def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
         from .cache.keys import CacheKey, versions_key
@@ -131,13 +150,30 @@ class Selector:
             self.stats["memo_hits"] += 1
             return hit
         raw, source = self.probe_all(config, dev)
+        detail: dict[str, Any] = {}
+        if pol.verify and dev.source != "local":
+            detail["numerics_note"] = (f"{dev.name} is a what-if profile: nothing is verified "
+                                       "from this machine")  # fmt: skip
+        for stage in ("verify", "measure"):
+            if getattr(pol, stage) and dev.source == "local":
+                raw, fresh = self._stage(stage, config, dev, raw, pol)
+                source = "probe" if fresh else source
         results = tuple(pol.filter(r) for r in raw)
         by_name = {r.backend: r for r in results}
-        order = pol.order(dev.sm)
+        times = _timings(results, config) if pol.measure else {}
+        order = pol.order(dev.sm, _candidate_times(by_name, times, pol) or None)
         chosen = next((b for b in order if by_name[b].supported), None)
-        detail: dict[str, Any] = {}
+        if pol.measure:
+            from . import measure
+
+            detail["timings_ms"] = _timings(results, config, all_=True)
+            detail["measured"] = {**measure.describe(config, dev),
+                                  "priority_choice": next((b for b in pol.order(dev.sm)
+                                                           if by_name[b].supported), None),
+                                  "untimed": [b for b in order if by_name[b].supported
+                                              and b not in _candidate_times(by_name, times, pol)]}
         if chosen == "flash":
-            detail["flash_variant"] = pol.flavour(by_name["flash"])
+            detail["flash_variant"] = pol.flavour(by_name["flash"], times or None)
         if chosen == "fused":
             detail["fused_sub_backend"] = by_name["fused"].detail.get("sub_backend")
         drift = {r.backend: r.detail["rule_drift"] for r in raw if r.detail.get("rule_drift")}
@@ -172,6 +208,133 @@ class Selector:
         with self._lock:
             self._memo.clear()
             self._results.clear()
+            self._staged.clear()
+
+    # ------------------------------------------------------------------ verification, measurement
+    def stage_env(self, stage: str) -> dict[str, Any]:
+        """What a ``verify``/``measure`` row depends on beyond the probe rows: the stage and a
+        digest of the code that produces it (runner, reference, Triton kernel, the stage's module
+        with its tolerances / caps). Folded into the rows' versions key."""
+        from . import kernels
+
+        digest = hashlib.sha256(stage.encode())
+        here = os.path.dirname(__file__)
+        kdir = os.path.dirname(kernels.__file__)
+        for path in (os.path.join(here, f"{stage}.py"), os.path.join(here, "verify.py"),
+                     *(os.path.join(kdir, f) for f in ("run.py", "reference.py",
+                                                       "triton_flash.py"))):  # fmt: skip
+            if os.path.exists(path):
+                with open(path, "rb") as fh:
+                    digest.update(fh.read())
+        return {"stage": stage, "code": digest.hexdigest()[:32]}
+
+    def _stage_key(self, device: DeviceProfile, stage: str) -> str:
+        from .cache.keys import versions_key
+
+        vk = self._stage_vkeys.get((device, stage))
+        if vk is None:
+            env = {**self.probe_env(), **self.stage_env(stage)}
+            vk = self._stage_vkeys[(device, stage)] = versions_key(device, probe_env=env)
+        return vk
+
+    def _stage(self, stage: str, config: FusedAttnConfig, device: DeviceProfile,
+               raw: tuple[ProbeResult, ...], pol: Policy) -> tuple[tuple[ProbeResult, ...], bool]:
+        """Run ``stage`` (``verify`` or ``measure``) on every supported unit (candidate, or flash
+        flavour) the policy leaves enabled and that can run here; memo, then the store, then the
+        stage itself. Returns the updated raw results and whether anything ran."""
+        from . import measure, verify
+        from .cache.keys import CacheKey
+        from .kernels import run as runner
+        from .probes.flash_attn import combine
+
+        mod = verify if stage == "verify" else measure
+        wanted = set()
+        for r in raw:
+            seen = pol.filter(r)
+            units = seen.variants if r.backend == "flash" else (seen,)
+            wanted |= {u.backend for u in units if u.supported}
+        own: dict[str, ProbeResult] = {}
+        todo: list[str] = []
+        for r in raw:
+            for u in (r.variants if r.backend == "flash" else (r,)):
+                if not u.supported or u.backend not in wanted:
+                    continue
+                ok, why = runner.can_run_here(u.backend, config, device, interpret=self.interpret)
+                hit = self._staged.get((stage, config, device, u.backend)) if ok else None
+                if not ok:
+                    own[u.backend] = mod.skipped(u.backend, f"not run here: {why}")
+                elif hit is not None:
+                    own[u.backend] = hit
+                else:
+                    todo.append(u.backend)
+        keys = {}
+        if todo and self.cache is not None:
+            vk, ck, fp = self._stage_key(device, stage), config.key(), device.fingerprint()
+            keys = {n: CacheKey(ck, n, fp, vk) for n in todo}
+            found = self.cache.get_many(list(keys.values()))
+            for n in list(todo):
+                if keys[n] in found:
+                    own[n] = self._staged[(stage, config, device, n)] = found[keys[n]]
+                    todo.remove(n)
+                    self.stats["cache_hits"] += 1
+        fresh = []
+        for n in todo:
+            result, store = mod.check(n, config, device)
+            own[n] = result
+            self.stats[f"{stage}_runs"] = self.stats.get(f"{stage}_runs", 0) + 1
+            if store:
+                self._staged[(stage, config, device, n)] = result
+                if n in keys:
+                    fresh.append((keys[n], result, config.to_dict(), device.to_dict()))
+        if fresh:
+            self.cache.put_many(fresh)  # type: ignore[union-attr]
+        out = []
+        for r in raw:
+            if r.backend == "flash":
+                variants = tuple(verify.merge(v, own[v.backend]) if v.backend in own else v
+                                 for v in r.variants)  # fmt: skip
+                out.append(combine(variants, r.elapsed_ms) if variants != r.variants else r)
+            else:
+                out.append(verify.merge(r, own[r.backend]) if r.backend in own else r)
+        return tuple(out), bool(todo)
+
+
+def _timings(results: Iterable[ProbeResult], config: FusedAttnConfig, all_: bool = False
+             ) -> dict[str, Any]:  # fmt: skip
+    """Unit -> the measured metric in ms (``all_``: unit -> every timing) of supported units."""
+    from .measure import metric
+
+    m, out = metric(config), {}
+    for r in results:
+        for u in (r.variants if r.backend == "flash" else (r,)):
+            t = u.detail.get("timings_ms")
+            if u.supported and t and m in t:
+                out[u.backend] = t if all_ else t[m]
+            elif u.supported and u.detail.get("too_slow") and not all_:
+                out[u.backend] = float("inf")  # too slow to time here: ranks last
+    return out
+
+
+def _candidate_times(by_name: dict[str, ProbeResult], times: dict[str, float], pol: Policy
+                     ) -> dict[str, float]:  # fmt: skip
+    """Candidate -> ms; flash counts with the flavour the policy would run."""
+    out = {b: t for b, t in times.items() if b in by_name}
+    if "flash" in by_name and by_name["flash"].supported:
+        flavour = pol.flavour(by_name["flash"], times or None)
+        if flavour in times:
+            out["flash"] = times[flavour]
+    return out
+
+
+def _default_probes(graph: bool = True) -> tuple[Probe, ...]:
+    """:func:`default_probes`, with the Triton probe allowed to use the Triton interpreter when
+    ``TRITON_INTERPRET`` is set (read here: probes read no environment)."""
+    from .probes.triton_flash import TritonFlashProbe
+
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return default_probes(graph=graph)
+    return tuple(TritonFlashProbe(interpret=True) if p.name == "triton" else p
+                 for p in default_probes(graph=graph))  # fmt: skip
 
 
 _DEFAULT: Selector | None = None
@@ -179,13 +342,14 @@ _DEFAULT: Selector | None = None
 
 def default_selector() -> Selector:
     """The process-wide selector (created on first use). ``TE_FL_ATTN_CUDNN_PROBE=0`` keeps
-    FusedAttention at its rule stage (no cuDNN graph builds)."""
+    FusedAttention at its rule stage (no cuDNN graph builds); ``TRITON_INTERPRET=1`` lets the
+    Triton candidate run in the interpreter on a machine without a GPU."""
     global _DEFAULT
     if _DEFAULT is None:
         from .cache.store import default_cache
 
         graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
-        _DEFAULT = Selector(default_probes(graph=graph), cache=default_cache())
+        _DEFAULT = Selector(_default_probes(graph=graph), cache=default_cache())
     return _DEFAULT
 
 

@@ -73,3 +73,47 @@ def test_versions_key_covers_the_stack(change):
     s2 = Selector(cache=cache)
     s2.decide(cfg, profile("h100").with_overrides(change), Policy())
     assert s2.stats["cache_hits"] == 0 and len(cache) == 8
+
+
+class _Recorder:
+    """A cache that only answers misses and records what the selector asked of it."""
+
+    def __init__(self, warm_up: bool) -> None:
+        self.calls: list[str] = []
+        if warm_up:
+            self.warm_up = lambda: self.calls.append("warm_up")
+
+    def __len__(self) -> int:
+        self.calls.append("len")
+        return 0
+
+    def get_many(self, keys):
+        self.calls.append("get_many")
+        return {}
+
+    def put_many(self, items) -> int:
+        self.calls.append("put_many")
+        return len(list(items))
+
+
+@pytest.mark.parametrize("has_warm_up", [True, False])
+def test_prepare_readies_the_store_without_looking_anything_up(has_warm_up):
+    cache = _Recorder(has_warm_up)
+    Selector(cache=cache).prepare(profile("h100"))  # type: ignore[arg-type]
+    assert cache.calls == (["warm_up"] if has_warm_up else ["len"])
+
+
+def test_first_decision_after_prepare_is_served_from_the_store(tmp_path):
+    from te_fl_attention.cache import ProbeCache
+
+    store = ProbeCache(tmp_path / "probes.sqlite")
+    cfg = FusedAttnConfig(**preset("llama3-8b"))
+    cold = Selector(cache=store).decide(cfg, profile("h100"), Policy())
+    store.close()
+    store = ProbeCache(tmp_path / "probes.sqlite")
+    sel = Selector(cache=store)
+    sel.prepare(profile("h100"))
+    warm = sel.decide(FusedAttnConfig(**cfg.to_dict()), profile("h100"), Policy())
+    assert sel.stats == {"memo_hits": 0, "cache_hits": 4, "probes": 0}
+    assert warm.results == cold.results and warm.source == "cache"
+    assert store._bad_rows == 0

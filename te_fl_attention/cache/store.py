@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import quote
 
 from ..reasons import ProbeResult
+from . import _json
 from .keys import CacheKey, package_version
 
 if TYPE_CHECKING:
@@ -108,8 +109,11 @@ _INSERT_CTX = (
     " WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
 )
 _INSERT_CFG = "INSERT INTO configs (config_key, config) VALUES (?,?) ON CONFLICT DO NOTHING"
-_GET = "SELECT crc, result FROM probes WHERE config_key=? AND backend=? AND ctx=?"
-_GET_CONFIG = "SELECT backend, crc, result FROM probes WHERE config_key=? AND ctx=?"
+# Lookups read the result as its stored UTF-8 bytes (checksummed and parsed without decoding);
+# a value that is not text (a damaged row) reads as NULL, a miss.
+_RESULT_UTF8 = "CASE WHEN typeof(result) = 'text' THEN CAST(result AS BLOB) END"
+_GET = f"SELECT crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND backend=? AND ctx=?"
+_GET_CONFIG = f"SELECT backend, crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND ctx=?"
 _EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _ROWS = (
     "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.package_version, p.crc, p.result,"
@@ -123,6 +127,20 @@ _CORRUPT_CODES = {1, 11, 17, 20, 26}  # ERROR (schema gone), CORRUPT, SCHEMA, MI
 _UNWRITABLE_CODES = {3, 7, 8, 10, 13, 14, 23}  # PERM, NOMEM, READONLY, IOERR, FULL, CANTOPEN, AUTH
 
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
+_json_loads = _json.loads
+_from_dict = ProbeResult.from_dict
+#: A made-up stored result (reasons, variants, detail) that :meth:`ProbeCache.warm_up` decodes.
+_WARM_ROW = _dumps({
+    "backend": "flash", "supported": True, "reasons": [], "stage": "rule", "evidence": "rules",
+    "elapsed_ms": 0.25, "detail": {"variant": "fa2"}, "variants": [
+        {"backend": "fa2", "supported": True, "reasons": [], "stage": "rule",
+         "evidence": "rules", "elapsed_ms": 0.0, "detail": {}, "variants": []},
+        {"backend": "fa3", "supported": False, "reasons": [
+            {"code": "sm", "message": "needs sm90", "stage": "rule", "observed": 80,
+             "limit": [90, 90], "hint": None}],
+         "stage": "rule", "evidence": "rules", "elapsed_ms": 0.0, "detail": {}, "variants": []},
+    ],
+}).encode()  # fmt: skip
 
 
 class StoreUnusable(Exception):
@@ -171,6 +189,11 @@ def row_crc(key: CacheKey, result_json: str) -> int:
     return zlib.crc32("\0".join((*key, result_json)).encode())
 
 
+def _row_crc_bytes(key: CacheKey, result_utf8: bytes) -> int:
+    """:func:`row_crc` of a result read as its UTF-8 bytes (equal for the same text)."""
+    return zlib.crc32(result_utf8, zlib.crc32(f"{key[0]}\0{key[1]}\0{key[2]}\0{key[3]}\0".encode()))
+
+
 def _finite(value: Any) -> float:
     """A finite float for a REAL column (SQLite stores NaN as NULL)."""
     try:
@@ -204,6 +227,8 @@ class CacheRow:
 
     ``result`` is the :meth:`ProbeResult.to_dict` form; ``config``/``device`` are the optional
     JSON forms of the config and device (for display only: the key is what matters).
+    ``result_json``: ``result``'s JSON text when it is already known (an import parsed and checked
+    it), stored as is; ``None``: written when stored. Never compared.
     """
 
     key: CacheKey
@@ -212,6 +237,7 @@ class CacheRow:
     package_version: str
     config: Mapping[str, Any] | None = None
     device: Mapping[str, Any] | None = None
+    result_json: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def probe_result(self) -> ProbeResult:
@@ -270,10 +296,24 @@ def _to_row(item: PutItem, checked: bool = False) -> CacheRow:
     return make_row(*item)
 
 
+def _checked_row(key: CacheKey, result: dict[str, Any], created_at: float, package_version: str,
+                 config: dict[str, Any] | None, device: dict[str, Any] | None,
+                 result_json: str | None) -> CacheRow:  # fmt: skip
+    """``CacheRow(...)`` for values an import has just checked (fills the frozen instance
+    directly: the dataclass ``__init__`` only sets these fields)."""
+    row = object.__new__(CacheRow)
+    row.__dict__.update(key=key, result=result, created_at=created_at,
+                        package_version=package_version, config=config, device=device,
+                        result_json=result_json)  # fmt: skip
+    return row
+
+
 def _row_params(row: CacheRow) -> tuple[Any, ...]:
     """The ``probes`` insert parameters of a row."""
     key = row.key
-    text = _dumps(row.result)
+    text = row.result_json
+    if text is None:
+        text = _dumps(row.result)
     res = row.result
     return (
         key.config_key, key.backend, ctx_id(key.device_fp, key.versions_key),
@@ -385,6 +425,9 @@ class _BaseCache:
 
     def get(self, key: CacheKey) -> ProbeResult | None:
         raise NotImplementedError
+
+    def warm_up(self) -> None:
+        """Start-up work for lookups (nothing to do in memory; see :meth:`ProbeCache.warm_up`)."""
 
     def get_rows(self, keys: Iterable[CacheKey]) -> dict[CacheKey, CacheRow]:
         raise NotImplementedError
@@ -855,11 +898,13 @@ class ProbeCache(_BaseCache):
             time.sleep(_backoff(attempt))
 
     # ---------------------------------------------------------------- reads
-    def _decode(self, key: CacheKey, crc: Any, text: Any) -> ProbeResult | None:
+    def _decode(self, key: CacheKey, crc: Any, data: Any) -> ProbeResult | None:
+        """The result of a ``_GET``/``_GET_CONFIG`` row (``data``: its UTF-8 bytes), or ``None``
+        (counted, warned once) when its checksum or content is bad."""
         try:
-            if not isinstance(text, str) or row_crc(key, text) != crc:
+            if type(data) is not bytes or _row_crc_bytes(key, data) != crc:
                 raise ValueError("checksum mismatch")
-            return ProbeResult.from_dict(json.loads(text))
+            return _from_dict(_json_loads(data))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             self._bad_row()
             return None
@@ -879,42 +924,49 @@ class ProbeCache(_BaseCache):
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]:
         """The hits among ``keys``, read in one transaction (misses are absent)."""
-        keys = [CacheKey(*k) for k in keys]
         out: dict[CacheKey, ProbeResult] = {}
-        todo = []
-        for key in keys:
-            hit = self._memo.get(key) if self._memo else None
+        memo = self._memo
+        groups: dict[tuple[str, int], dict[str, CacheKey]] = {}
+        for k in keys:
+            key = k if type(k) is CacheKey else CacheKey(*k)
+            hit = memo.get(key) if memo else None
             if hit is not None:
                 out[key] = hit[1]
+                continue
+            group = (key[0], ctx_id(key[2], key[3]))
+            wanted = groups.get(group)
+            if wanted is None:
+                groups[group] = {key[1]: key}
             else:
-                todo.append(key)
-        if not todo:
+                wanted[key[1]] = key
+        if not groups:
             return out
 
-        groups: dict[tuple[str, int], dict[str, CacheKey]] = {}
-        for k in todo:
-            groups.setdefault((k[0], ctx_id(k[2], k[3])), {})[k[1]] = k
-
-        def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any]]:
+        def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any, Any]]:
             # One statement per (config, device, stack): a selection reads all its candidates
             # at once. Several statements share one read transaction.
-            many = len(groups) > 1
-            if many:
-                conn.execute("BEGIN")
-            try:
-                found = []
+            found = []
+            if len(groups) == 1:  # one statement: its own read transaction
                 for (config_key, ctx), wanted in groups.items():
-                    for backend, crc, text in conn.execute(_GET_CONFIG, (config_key, ctx)):
+                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
                         k = wanted.get(backend)
                         if k is not None:
-                            found.append((k, (crc, text)))
+                            found.append((k, crc, data))
+                return found
+            conn.execute("BEGIN")
+            try:
+                for (config_key, ctx), wanted in groups.items():
+                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
+                        k = wanted.get(backend)
+                        if k is not None:
+                            found.append((k, crc, data))
                 return found
             finally:
-                if many:
-                    conn.execute("COMMIT")
+                conn.execute("COMMIT")
 
-        for key, row in self._call(read, write=False, miss=[]):
-            result = self._decode(key, row[0], row[1])
+        decode = self._decode
+        for key, crc, data in self._call(read, write=False, miss=[]):
+            result = decode(key, crc, data)
             if result is not None:
                 out[key] = result
         return out
@@ -945,6 +997,21 @@ class ProbeCache(_BaseCache):
         n = self._call(lambda c: c.execute("SELECT count(*) FROM probes").fetchone()[0],
                        write=False, miss=0)  # fmt: skip
         return int(n) + len(self._memo)
+
+    def warm_up(self) -> None:
+        """Start-up work for lookups (:meth:`Selector.prepare` runs it): open and check the file,
+        compile the lookup statements, read the top of the table, and run the decoding once on a
+        made-up row, so that a first lookup pays only for its own rows. Reads no real row."""
+        probe = ("0" * 64, 0)
+
+        def touch(conn: sqlite3.Connection) -> None:
+            conn.execute(_GET_CONFIG, probe).fetchall()
+            conn.execute(_GET, (probe[0], "unfused", probe[1])).fetchall()
+
+        self._call(touch, write=False, miss=None)
+        key = CacheKey("0" * 64, "flash", "0" * 64, "0" * 64)
+        for _ in range(8):  # a few runs: the interpreter specialises code that ran a few times
+            self._decode(key, _row_crc_bytes(key, _WARM_ROW), _WARM_ROW)
 
     def iter_rows(
         self,
@@ -1123,6 +1190,14 @@ class ProbeCache(_BaseCache):
                              _dumps(row.device) if row.device is not None else None)  # fmt: skip
             if row.config is not None and row.key.config_key not in cfgs:
                 cfgs[row.key.config_key] = _dumps(row.config)
+        return self._write_params(params, ctxs, cfgs, on_conflict)
+
+    def _write_params(
+        self, params: list[tuple[Any, ...]], ctxs: dict[int, tuple[Any, ...]],
+        cfgs: dict[str, str], on_conflict: OnConflict,
+    ) -> int | None:  # fmt: skip
+        """Write rows given as ``probes`` parameters, with their ``contexts``/``configs`` rows,
+        in one transaction; the number written, or ``None`` if the store cannot be written."""
         sql = _INSERT[on_conflict]
 
         def write(conn: sqlite3.Connection) -> int:
@@ -1155,6 +1230,10 @@ class ProbeCache(_BaseCache):
 
         n = self._call(write, write=True, miss=-1)
         return None if n < 0 else n
+
+    def bulk_writer(self, on_conflict: OnConflict = "ignore") -> BulkWriter:
+        """A :class:`BulkWriter` into this store (what imports use)."""
+        return BulkWriter(self, on_conflict)
 
     def prune(self, older_than_s: float | None = None,
               not_versions_key: str | Iterable[str] | None = None) -> int:  # fmt: skip
@@ -1221,6 +1300,59 @@ class ProbeCache(_BaseCache):
         """Fold the WAL into the main file (best effort; for benchmarks and tools)."""
         self._call(lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(),
                    write=True, miss=None)  # fmt: skip
+
+
+class BulkWriter:
+    """Checked rows on their way into a :class:`ProbeCache`, held as compact insert parameters
+    (the parsed rows can go at once) and written by :meth:`flush`, one transaction per call:
+    what :meth:`ProbeCache.put_many` with ``checked=True`` does for the same rows.
+
+    :meth:`add` takes ``plain=True`` only for rows whose config/device came from
+    :func:`._json.loads_flagged` with its flag set (plain JSON values: written with orjson).
+    """
+
+    def __init__(self, store: ProbeCache, on_conflict: OnConflict = "ignore") -> None:
+        self.store = store
+        self.on_conflict: OnConflict = on_conflict
+        self.params: list[tuple[Any, ...]] = []
+        self._ctxs: dict[int, tuple[Any, ...]] = {}
+        self._cfgs: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add(self, row: CacheRow, plain: bool = False) -> None:
+        p = _row_params(row)
+        self.params.append(p)
+        ctx, device, config = p[2], row.device, row.config
+        if device is not None or ctx not in self._ctxs:
+            self._ctxs[ctx] = (ctx, row.key.device_fp, row.key.versions_key,
+                               None if device is None else _json.dumps_loaded(device, plain))
+        if config is not None and p[0] not in self._cfgs:
+            self._cfgs[p[0]] = _json.dumps_loaded(config, plain)
+
+    def flush(self) -> int:
+        """Write what was added; returns how many rows were written (kept in memory when the
+        store cannot be written, as ``put_many`` does)."""
+        if not self.params:
+            return 0
+        params, ctxs, cfgs = self.params, self._ctxs, self._cfgs
+        self.params, self._ctxs, self._cfgs = [], {}, {}
+        written = self.store._write_params(params, ctxs, cfgs, self.on_conflict)
+        if written is None:
+            rows = [_row_from_params(p, ctxs, cfgs) for p in params]
+            with self.store._lock:
+                return sum(self.store._memo_put(row, self.on_conflict) for row in rows)
+        return written
+
+
+def _row_from_params(p: tuple[Any, ...], ctxs: dict[int, tuple[Any, ...]],
+                     cfgs: dict[str, str]) -> CacheRow:  # fmt: skip
+    """The :class:`CacheRow` a :class:`BulkWriter` row stands for (to keep it in memory)."""
+    ck, backend, ctx, _, _, _, created, pkg, _, text = p
+    _, fp, vk, device = ctxs[ctx]
+    return CacheRow(CacheKey(ck, backend, fp, vk), json.loads(text), created, pkg,
+                    _loads_dict(cfgs.get(ck)), _loads_dict(device), text)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -1313,17 +1445,29 @@ def open_cache(path: str | os.PathLike[str] | None = None) -> ProbeCache | Memor
     ``TE_FL_ATTN_CACHE``: a file path, or ``off``/``0``/``none`` for no persistence (a
     :class:`MemoryCache`). ``TE_FL_ATTN_CACHE_READONLY=1`` opens the file read-only.
     An explicit ``path`` wins over ``TE_FL_ATTN_CACHE``.
+
+    ``TE_FL_ATTN_REMOTE_CACHE=redis://host:port/db`` puts a shared Redis tier behind the local
+    store (:class:`~te_fl_attention.cache.remote.TieredCache`: same API, read through, write
+    back to both; Redis trouble is a miss with one warning).
     """
     if path is None:
         env = os.environ.get("TE_FL_ATTN_CACHE", "").strip()
         path = env or default_path()
+    local: ProbeCache | MemoryCache
     if str(path).strip().lower() in _OFF:
-        return MemoryCache()
-    readonly = os.environ.get("TE_FL_ATTN_CACHE_READONLY", "").strip().lower() in _TRUE
-    if readonly:
-        log.info("probe cache %s opened read-only (TE_FL_ATTN_CACHE_READONLY); new results stay "
-                 "in memory", path)  # fmt: skip
-    return ProbeCache(path, readonly=readonly)
+        local = MemoryCache()
+    else:
+        readonly = os.environ.get("TE_FL_ATTN_CACHE_READONLY", "").strip().lower() in _TRUE
+        if readonly:
+            log.info("probe cache %s opened read-only (TE_FL_ATTN_CACHE_READONLY); new results "
+                     "stay in memory", path)  # fmt: skip
+        local = ProbeCache(path, readonly=readonly)
+    url = os.environ.get("TE_FL_ATTN_REMOTE_CACHE", "").strip()
+    if not url or url.lower() in _OFF:
+        return local
+    from .remote import TieredCache, remote_tier
+
+    return TieredCache(local, remote_tier(url))  # type: ignore[return-value]
 
 
 _default: ProbeCache | MemoryCache | None = None

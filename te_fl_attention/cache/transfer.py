@@ -1,15 +1,21 @@
 """Moving cached results between machines: JSON Lines export/import, merge, warm start.
 
 Imports treat the file as hostile: every row is checked (types, sizes, nesting, known backends,
-hex keys, no unknown fields) and parsed with :mod:`json` only, so nothing in a file is ever
-executed. A bad row is rejected with its line number and the rest still import. Rows already in
-the cache are never overwritten. Rows for other devices or software stacks are stored, but their
-key only ever matches the device and stack they came from.
+hex keys, no unknown fields) and parsed as JSON only (:mod:`json`, or orjson where it gives the
+same result: see :mod:`._json`), so nothing in a file is ever executed. A bad row is rejected with
+its line number and the rest still import. Rows already in the cache are never overwritten. Rows
+for other devices or software stacks are stored, but their key only ever matches the device and
+stack they came from.
+
+Speed: a row is parsed once, checked by a quick test that only passes rows the full checks
+accept (anything else gets the full checks and their wording), and goes straight to its insert
+parameters with the result's checked JSON text, which is what the store keeps and checksums.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
@@ -22,8 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..reasons import ProbeResult
+from . import _json
 from .keys import KNOWN_BACKENDS, CacheKey, is_hex64, package_version
-from .store import CacheRow, MemoryCache, ProbeCache, default_cache
+from .store import CacheRow, MemoryCache, ProbeCache, _checked_row, default_cache
 
 FORMAT = "te-fl-attention-cache"
 FORMAT_VERSION = 1
@@ -43,6 +50,9 @@ _RESULT_FIELDS = frozenset({
 })  # fmt: skip
 _REASON_FIELDS = frozenset({"code", "message", "stage", "observed", "limit", "hint"})
 _SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
+_KNOWN = frozenset(KNOWN_BACKENDS)
+_HEX = "0123456789abcdef"
 
 Cache = ProbeCache | MemoryCache
 
@@ -261,6 +271,138 @@ def validate_row(obj: Any, raw_size: int | None = None) -> CacheRow | str:
     ``raw_size`` is the row's length in the file: rows under :data:`MAX_STRING` bytes cannot
     hold an over-long string, so the string-size walk is skipped for them.
     """
+    return _validate(obj, raw_size, False)
+
+
+def _validate(obj: Any, raw_size: int | None, by_orjson: bool) -> CacheRow | str:
+    """:func:`validate_row`; ``by_orjson``: ``obj`` came from :func:`_json.loads_flagged` with
+    that flag set (its result's text, written with orjson, then goes with the row).
+
+    Most rows pass :func:`_row_ok`, a quick test that only ever accepts rows the full checks
+    (:func:`_row_problem`) accept; any other row goes through the full checks, which also word
+    the reason."""
+    if raw_size is not None and raw_size <= MAX_STRING and _row_ok(obj):
+        result = obj["result"]
+        return _checked_row(
+            CacheKey(obj["config_key"], obj["backend"], obj["device_fp"], obj["versions_key"]),
+            result, float(obj.get("created_at", 0.0)), obj.get("package_version", ""),
+            obj.get("config"), obj.get("device"),
+            _json.dumps_loaded(result, True) if by_orjson else None)  # fmt: skip
+    row = _row_problem(obj, raw_size)
+    if isinstance(row, CacheRow) and by_orjson:
+        row = dataclasses.replace(row, result_json=_json.dumps_loaded(row.result, True))
+    return row
+
+
+_HEX_SEEN: set[str] = set()  # hex keys already checked (rows repeat them: the same device...)
+
+
+def _hex64(value: Any) -> bool:
+    """:func:`is_hex64` for a ``str`` (``False`` for anything else: the full check decides)."""
+    if type(value) is not str:
+        return False
+    if value in _HEX_SEEN:
+        return True
+    if len(value) != 64 or value.strip(_HEX):
+        return False
+    if len(_HEX_SEEN) >= 4096:
+        _HEX_SEEN.clear()
+    _HEX_SEEN.add(value)
+    return True
+
+
+def _row_ok(obj: Any) -> bool:
+    """True only for a row that :func:`_row_problem` accepts, in a line of at most
+    :data:`MAX_STRING` bytes (so no string in it is too long). False: ask it."""
+    if type(obj) is not dict:
+        return False
+    keys = obj.keys()
+    if not (keys <= _ROW_FIELDS and keys >= _ROW_REQUIRED):
+        return False
+    backend, result = obj["backend"], obj["result"]
+    if not (_hex64(obj["config_key"]) and _hex64(obj["device_fp"]) and _hex64(obj["versions_key"])
+            and type(backend) is str and backend in _KNOWN and _result_ok(result, 2)
+            and result["backend"] == backend):  # fmt: skip
+        return False
+    config, device = obj.get("config"), obj.get("device")
+    if (config is not None and not _flat_ok(config)) or (device is not None
+                                                          and not _flat_ok(device)):  # fmt: skip
+        return False
+    created = obj.get("created_at", 0.0)
+    kind = type(created)
+    if not ((kind is float or kind is int) and 0 <= created < 1e11):
+        return False
+    pkg = obj.get("package_version", "")
+    return type(pkg) is str and len(pkg) <= 128
+
+
+def _result_ok(res: Any, depth: int) -> bool:
+    """True only for a result :func:`_result_problem` accepts at ``depth`` (strings assumed short:
+    see :func:`_row_ok`). Every result it accepts also passes :meth:`ProbeResult.from_dict`."""
+    if type(res) is not dict or not res.keys() <= _RESULT_FIELDS:
+        return False
+    backend = res.get("backend")
+    if type(backend) is not str or backend not in _KNOWN:
+        return False
+    if type(res.get("supported")) is not bool:
+        return False
+    if type(res.get("stage", "")) is not str or type(res.get("evidence", "")) is not str:
+        return False
+    elapsed = res.get("elapsed_ms", 0.0)
+    kind = type(elapsed)
+    if not (kind is float or (kind is int and -(2**53) <= elapsed <= 2**53)):
+        return False
+    detail = res.get("detail", {})
+    if type(detail) is not dict:
+        return False
+    if detail and not _SCALAR_TYPES.issuperset(map(type, detail.values())):
+        if _walk_problem(detail, depth + 1):  # nested values: the depth walk
+            return False
+    reasons = res.get("reasons", [])
+    if type(reasons) is not list:
+        return False
+    for r in reasons:
+        if type(r) is not dict or not r.keys() <= _REASON_FIELDS:
+            return False
+        if type(r.get("code")) is not str or type(r.get("message")) is not str:
+            return False
+        hint = r.get("hint")
+        if type(r.get("stage", "")) is not str or (hint is not None and type(hint) is not str):
+            return False
+        for name in ("observed", "limit"):
+            value = r.get(name)
+            if type(value) in (list, dict) and _walk_problem(value, depth + 3):
+                return False
+    variants = res.get("variants", [])
+    if type(variants) is not list:
+        return False
+    if variants:
+        if depth > 2:
+            return False
+        for v in variants:
+            if not _result_ok(v, depth + 2):
+                return False
+    return True
+
+
+def _flat_ok(obj: Any) -> bool:
+    """True only for a non-null ``config``/``device`` :func:`_flat_object_problem` accepts."""
+    if type(obj) is not dict or len(obj) > 256:
+        return False
+    values = obj.values()
+    if _SCALAR_TYPES.issuperset(map(type, values)):
+        return True
+    for v in values:
+        if type(v) is list:
+            if not _SCALAR_TYPES.issuperset(map(type, v)):
+                return False
+        elif type(v) not in _SCALAR_TYPES:
+            return False
+    return True
+
+
+def _row_problem(obj: Any, raw_size: int | None) -> CacheRow | str:
+    """The full checks of one parsed export row (see :func:`validate_row`)."""
     if type(obj) is not dict:
         return "row is not a JSON object"
     keys = obj.keys()
@@ -322,7 +464,8 @@ def _header_problem(obj: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------- readers
-Item = tuple[int, Any, "int | None"]  # (line number, parsed object or _Bad, raw size)
+# (line number, parsed object or _Bad, raw size, whether orjson parsed it)
+Item = tuple[int, Any, "int | None", bool]
 
 
 class _Bad(str):
@@ -351,12 +494,17 @@ def _lines(f: IO[bytes], end: int | None = None) -> Iterator[tuple[int, bytes | 
 
 
 def _parse(line: bytes) -> Any:
+    return _parse_flagged(line)[0]
+
+
+def _parse_flagged(line: bytes) -> tuple[Any, bool]:
+    """``(parsed value or _Bad, whether orjson parsed it)``; :mod:`json`'s results and errors."""
     try:
-        return json.loads(line.decode("utf-8"))  # str parses much faster than bytes
+        return _json.loads_flagged(line)
     except RecursionError:
-        return _Bad(f"nested deeper than {MAX_DEPTH} levels")
+        return _Bad(f"nested deeper than {MAX_DEPTH} levels"), False
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
-        return _Bad(f"not valid JSON: {str(exc)[:120]}")
+        return _Bad(f"not valid JSON: {str(exc)[:120]}"), False
 
 
 def _read_jsonl(f: IO[bytes], *, header: bool = True, end: int | None = None) -> Iterator[Item]:
@@ -367,23 +515,23 @@ def _read_jsonl(f: IO[bytes], *, header: bool = True, end: int | None = None) ->
     header_seen = not header
     for n, line in _lines(f, end):
         if line is None:
-            yield n, _Bad(f"line longer than {MAX_ROW} bytes"), None
+            yield n, _Bad(f"line longer than {MAX_ROW} bytes"), None, False
             if not header_seen:
                 return
             continue
-        if not line.strip():
+        if not line or line.isspace():
             continue
-        obj = _parse(line)
+        obj, fast = _parse_flagged(line)
         if not header_seen:
             problem = obj if isinstance(obj, _Bad) else _header_problem(obj)
             if problem:
-                yield n, _Bad(f"bad header: {problem}"), None
+                yield n, _Bad(f"bad header: {problem}"), None, False
                 return
             header_seen = True
             continue
-        yield n, obj, len(line)
+        yield n, obj, len(line), fast
     if not header_seen:
-        yield 0, _Bad("empty file: no header"), None
+        yield 0, _Bad("empty file: no header"), None, False
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[int, str | None]:
@@ -403,10 +551,10 @@ def _read_store(path: Path) -> Iterator[Item]:
     try:
         len(src)
         if src.mode == "memo":
-            yield 0, _Bad("not a readable te_fl_attention cache store"), None
+            yield 0, _Bad("not a readable te_fl_attention cache store"), None, False
             return
         for i, row in enumerate(src.iter_rows(), start=1):
-            yield i, row.to_dict(), None
+            yield i, row.to_dict(), None, False
     finally:
         src.close()
 
@@ -437,8 +585,8 @@ def _source(path_or_file: str | os.PathLike[str] | IO[Any]) -> Iterator[Iterator
 
 # ------------------------------------------------------------------------------------------ import
 def _checked(items: Iterable[Item], rejected: list[tuple[int, str]]) -> Iterator[CacheRow]:
-    for n, obj, size in items:
-        result = obj if isinstance(obj, _Bad) else validate_row(obj, size)
+    for n, obj, size, fast in items:
+        result = obj if isinstance(obj, _Bad) else _validate(obj, size, fast)
         if isinstance(result, str):
             rejected.append((n, str(result)))
         else:
@@ -479,12 +627,33 @@ def import_serial(cache: Cache, path: str | os.PathLike[str] | IO[Any], *, start
 
 
 def _import_items(cache: Cache, items: Iterable[Item], report: ImportReport) -> None:
+    if isinstance(cache, ProbeCache):  # rows go straight to their insert parameters
+        writer = cache.bulk_writer("ignore")
+        rejected = report.rejected
+        for n, obj, size, fast in items:
+            row = obj if isinstance(obj, _Bad) else _validate(obj, size, fast)
+            if isinstance(row, str):
+                rejected.append((n, str(row)))
+                continue
+            writer.add(row, fast)
+            if len(writer) >= _BATCH:
+                _flush_writer(writer, report)
+        _flush_writer(writer, report)
+        return
     batch: list[CacheRow] = []
     for row in _checked(items, report.rejected):
         batch.append(row)
         if len(batch) >= _BATCH:
             _flush(cache, batch, report)
     _flush(cache, batch, report)
+
+
+def _flush_writer(writer: Any, report: ImportReport) -> None:
+    pending = len(writer)
+    if pending:
+        written = writer.flush()
+        report.imported += written
+        report.skipped += pending - written
 
 
 @contextlib.contextmanager
