@@ -198,7 +198,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
+    return run_parser(parser(), argv)
+
+
+def run_parser(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command: ValueError is bad input (exit 2)."""
     args = p.parse_args(argv)
     try:
         return int(args.func(args))

@@ -207,16 +207,11 @@ def add_fleet_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m te_fl_attention.fleet_cli ...`` (the same as ``te-fl-attn fleet ...``)."""
+    from .cli import run_parser
+
     p = argparse.ArgumentParser(prog="te-fl-attn fleet", description=__doc__.split("\n")[0])
     add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except ValueError as exc:
-        print(f"te-fl-attn: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:  # pragma: no cover - e.g. piped into head
-        return EXIT_OK
+    return run_parser(p, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
