@@ -629,9 +629,12 @@ class ProbeCache(_BaseCache):
     def __del__(self) -> None:
         # sqlite3 connections sit in a reference cycle (their statement cache) and the lock is a
         # bare fd: release both now rather than at some later GC pass (never in a forked child).
-        with contextlib.suppress(Exception):
+        # try/except, not contextlib: at interpreter exit module globals may already be gone.
+        try:
             if self._pid == os.getpid():
                 self._release()
+        except Exception:  # noqa: BLE001
+            pass
 
     def _connection(self) -> sqlite3.Connection | None:
         """The process's connection, opened on first use (``None``: memo only)."""
