@@ -282,6 +282,20 @@ def make_row(
     )
 
 
+@contextlib.contextmanager
+def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any exception roll back (quietly) and re-raise."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
 def _keep_set(keys: str | Iterable[str] | None) -> frozenset[str] | None:
     if keys is None:
         return None
@@ -1212,20 +1226,13 @@ class ProbeCache(_BaseCache):
                 n = conn.execute(sql, params[0]).rowcount  # one statement, autocommit
                 _verify_written(conn, params)
                 return n
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _write_txn(conn):
                 if new_ctx:
                     conn.executemany(_INSERT_CTX, new_ctx)
                 if new_cfg:
                     conn.executemany(_INSERT_CFG, new_cfg)
                 n = conn.executemany(sql, params).rowcount
                 _verify_written(conn, params)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
             for v in new_ctx:
                 known[v[0]] = known.get(v[0], False) or v[3] is not None
             self._known_cfg.update(k for k, _ in new_cfg)
@@ -1256,18 +1263,11 @@ class ProbeCache(_BaseCache):
             args.extend(sorted(keep))
 
         def delete(conn: sqlite3.Connection) -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _write_txn(conn):
                 n = conn.execute("DELETE FROM probes WHERE " + " OR ".join(clauses),
                                  args).rowcount  # fmt: skip
                 conn.execute("DELETE FROM configs WHERE config_key NOT IN "
                              "(SELECT config_key FROM probes)")  # fmt: skip
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
             self._known_cfg.clear()
             return n
 
@@ -1279,16 +1279,9 @@ class ProbeCache(_BaseCache):
         """Delete every row (and compact the file when nobody is using it); returns how many."""
 
         def delete(conn: sqlite3.Connection) -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _write_txn(conn):
                 n = conn.execute("DELETE FROM probes").rowcount
                 conn.execute("DELETE FROM configs")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
             self._known_cfg.clear()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("VACUUM")
