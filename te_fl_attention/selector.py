@@ -161,7 +161,8 @@ class Selector:
         results = tuple(pol.filter(r) for r in raw)
         by_name = {r.backend: r for r in results}
         times = _timings(results, config) if pol.measure else {}
-        order = pol.order(dev.sm, _candidate_times(by_name, times, pol) or None)
+        timed = _candidate_times(by_name, times, pol) if pol.measure else {}
+        order = pol.order(dev.sm, timed or None)
         chosen = next((b for b in order if by_name[b].supported), None)
         if pol.measure:
             from . import measure
@@ -171,7 +172,7 @@ class Selector:
                                   "priority_choice": next((b for b in pol.order(dev.sm)
                                                            if by_name[b].supported), None),
                                   "untimed": [b for b in order if by_name[b].supported
-                                              and b not in _candidate_times(by_name, times, pol)]}
+                                              and b not in timed]}
         if chosen == "flash":
             detail["flash_variant"] = pol.flavour(by_name["flash"], times or None)
         if chosen == "fused":
