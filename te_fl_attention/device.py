@@ -231,13 +231,17 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def _nvml_gpu() -> dict[str, Any] | None:
+    """The first GPU as NVML reports it (name, sm, memory, driver), or ``None`` without NVML.
+
+    The torch query below overrides name, sm and memory with the *current* device's when torch
+    sees a GPU; NVML then only contributes the driver version."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 - no NVML library / no driver
         return None
-    try:
+    try:  # gpu-only
         if pynvml.nvmlDeviceGetCount() == 0:
             return None
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -265,18 +269,17 @@ def _torch_gpu() -> dict[str, Any] | None:
     except ImportError:
         return None
     info: dict[str, Any] = {"cuda": torch.version.cuda}
-    if not torch.cuda.is_available():
-        return info
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    info.update(
-        name=props.name,
-        sm=10 * props.major + props.minor,
-        sm_count=props.multi_processor_count,
-        memory_gib=round(props.total_memory / 2**30, 1),
-    )
-    v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    if v:
-        info["cudnn"] = f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+    if torch.cuda.is_available():  # gpu-only
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(
+            name=props.name,
+            sm=10 * props.major + props.minor,
+            sm_count=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+        )
+        v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if v:
+            info["cudnn"] = f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
     return info
 
 

@@ -27,3 +27,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------------------ the hardware seam
+def _fake_gpu_fixture():
+    import pytest
+
+    @pytest.fixture
+    def fake_gpu(request, monkeypatch):
+        """A GPU presented through the calls that need one (``tests/fakegpu``): an H100 unless
+        the test is parametrized indirectly with ``"b200"`` (or ``"h100:ordinal=3,count=8"``)."""
+        from fakegpu import parse_env, reset_process_state
+
+        gpu = parse_env(getattr(request, "param", "h100")).install(monkeypatch)
+        yield gpu
+        monkeypatch.undo()
+        reset_process_state()
+
+    @pytest.fixture
+    def fake_flash(monkeypatch):
+        """The flash-attn 2.8.3 test double installed on ``sys.path`` (metadata and modules);
+        yields its call log."""
+        import importlib
+        import sys
+
+        from fakegpu import FLASH_SITE
+
+        monkeypatch.syspath_prepend(str(FLASH_SITE))
+        importlib.invalidate_caches()
+        for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+            monkeypatch.delitem(sys.modules, name)
+        from flash_attn import flash_attn_interface
+
+        flash_attn_interface.CALLS.clear()
+        yield flash_attn_interface.CALLS
+        monkeypatch.undo()
+        for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+
+    return fake_gpu, fake_flash
+
+
+fake_gpu, fake_flash = _fake_gpu_fixture()

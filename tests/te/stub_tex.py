@@ -92,8 +92,9 @@ def _placeholder(name: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return sorted(n for n in _sources()[0] if not n.startswith("_"))
+    if name == "__all__":  # what TE uses, and what it reads through cpp_extensions' star import
+        own = {"get_cudnn_version", "get_fused_attn_backend"}
+        return sorted({n for n in _sources()[0] if not n.startswith("_")} | own)
     if name.startswith("__") or name not in _sources()[0]:
         raise AttributeError(f"module 'transformer_engine_torch' has no attribute {name!r}")
     value = _enum(name) if name[:1].isupper() else _placeholder(name)
