@@ -269,10 +269,12 @@ def synthesize_descriptor(
     return desc
 
 
-def descriptor_for(device: DeviceProfile) -> dict[str, Any]:
+def descriptor_for(device: DeviceProfile, ordinal: int | None = None) -> dict[str, Any]:
     """The descriptor for a :class:`~te_fl_attention.device.DeviceProfile`: the catalog file when
-    the profile names a catalog GPU with that file's sm and SM count; otherwise one synthesized
-    from the profile's sm / sm_count / memory (e.g. the local GPU, or ``h100:sm=100``)."""
+    the profile names a catalog GPU with that file's sm and SM count; for the local GPU, the one
+    :func:`capture_local_descriptor` reads from device ``ordinal`` (default: the current one)
+    when it matches the profile's sm and SM count; otherwise one synthesized from the profile's
+    sm / sm_count / memory (e.g. ``h100:sm=100``, or a local GPU whose capture failed)."""
     if device.sm is None:
         raise DescriptorError(f"{device.name} has no GPU (sm unknown): no device descriptor")
     name = device.name.strip().lower()
@@ -283,34 +285,91 @@ def descriptor_for(device: DeviceProfile) -> dict[str, Any]:
             desc["multiProcessorCount"],
         ):
             return desc
-    return synthesize_descriptor(device.sm, device.sm_count, device.memory_gib, device.name)
+    why = None
+    # A local profile has an sm only with a GPU.
+    if device.source == "local":  # gpu-only
+        try:
+            desc = capture_local_descriptor(ordinal)
+        except DescriptorError as exc:
+            why = f"capturing the local device failed: {exc}"
+        else:
+            if descriptor_sm(desc) == device.sm and device.sm_count in (
+                None,
+                desc["multiProcessorCount"],
+            ):
+                return desc
+            why = (f"the captured device (sm{descriptor_sm(desc)}, "
+                   f"{desc['multiProcessorCount']} SMs) is not the profile's")  # fmt: skip
+    desc = synthesize_descriptor(device.sm, device.sm_count, device.memory_gib, device.name)
+    if why:
+        desc["_sources"]["*"] += f" ({why})"
+    return desc
 
 
-def capture_local_descriptor(ordinal: int = 0) -> dict[str, Any]:
-    """Fill a descriptor from the local GPU's real attributes (``cuda-bindings`` driver API,
-    falling back to ``torch.cuda.get_device_properties`` plus :data:`CC_LIMITS`).
+#: Descriptors captured in this process, per device ordinal (see :func:`capture_local_descriptor`).
+_CAPTURED: dict[int, dict[str, Any]] = {}
 
-    **Never ran on a GPU**: this machine has no NVIDIA driver, so this path is untested. It needs a
-    working driver and raises :class:`DescriptorError` without one.
+
+def _reset_captured() -> None:
+    """Forget the descriptors captured in this process (tests present another GPU)."""
+    _CAPTURED.clear()
+
+
+def current_ordinal() -> int:
+    """The CUDA device this process works on: torch's current device when torch is loaded and
+    sees a GPU, else 0 (a process narrowed to one device by ``CUDA_VISIBLE_DEVICES``)."""
+    from ..workers import current_device
+
+    device = current_device(load_torch=False)
+    return 0 if device is None else device
+
+
+def capture_local_descriptor(ordinal: int | None = None) -> dict[str, Any]:
+    """A descriptor filled from local device ``ordinal``'s real attributes (default: the
+    current device), cached per ordinal for the process; a copy is returned.
+
+    Reads the ``cuda-bindings`` driver API, falling back to ``torch.cuda.get_device_properties``
+    plus :data:`CC_LIMITS` (``_estimated`` then names the fields taken from the table). Raises
+    :class:`DescriptorError` without a GPU. Only exercised through the test suite's fake GPU;
+    **never ran on a GPU**.
     """
     from ..device import local
 
     if not local().has_gpu:
         raise DescriptorError("no CUDA GPU on this machine: nothing to capture (use a catalog "
                               "descriptor, e.g. --device h100, for a what-if answer)")  # fmt: skip
+    if ordinal is None:  # gpu-only
+        ordinal = current_ordinal()
+    desc = _CAPTURED.get(ordinal)
+    if desc is None:  # gpu-only
+        desc = _CAPTURED[ordinal] = capture_device_descriptor(ordinal)
+    return json.loads(json.dumps(desc))
+
+
+def capture_device_descriptor(ordinal: int = 0) -> dict[str, Any]:  # gpu-only
+    """:func:`capture_local_descriptor` without its cache and its "is there a GPU" check (the
+    probe worker, which imports no torch, asks its own device 0). **Never ran on a GPU.**"""
+    import importlib
+
+    bindings_error = "cuda-bindings is not installed"
     try:
-        return _capture_with_cuda_bindings(ordinal)
+        drv = importlib.import_module("cuda.bindings.driver")
     except ImportError:
-        pass
-    except DescriptorError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a driver problem, reported as such
-        raise DescriptorError(f"capturing the device failed: {exc}") from exc
-    return _capture_with_torch(ordinal)
+        drv = None
+    if drv is not None:
+        try:
+            return _capture_with_cuda_bindings(drv, ordinal)
+        except Exception as exc:  # noqa: BLE001 - a driver problem: try torch, report both
+            bindings_error = f"cuda-bindings: {exc}"
+    try:
+        return _capture_with_torch(ordinal)
+    except DescriptorError as exc:
+        raise DescriptorError(f"capturing device {ordinal} failed ({bindings_error}; "
+                              f"torch: {exc})") from None  # fmt: skip
 
 
-def _capture_with_cuda_bindings(ordinal: int) -> dict[str, Any]:  # pragma: no cover - needs GPU
-    from cuda.bindings import driver as drv  # type: ignore[import-not-found]
+def _capture_with_cuda_bindings(drv: Any, ordinal: int) -> dict[str, Any]:  # gpu-only
+    """Every field from the driver API (``cuDeviceGetAttribute`` ...). Never ran on a GPU."""
 
     def check(ret: Any) -> Any:
         err, *rest = ret if isinstance(ret, tuple) else (ret,)
@@ -362,6 +421,7 @@ def _capture_with_cuda_bindings(ordinal: int) -> dict[str, Any]:  # pragma: no c
         "driverVer": int(check(drv.cuDriverGetVersion())),
         "deviceName": name,
         "_catalog": None,
+        "_captured": "cuda-bindings",
         "_sources": {"*": f"captured from device {ordinal} with cuda-bindings"},
         "_estimated": ["oversizedSharedMemoryPerBlock"],
     }
@@ -369,32 +429,63 @@ def _capture_with_cuda_bindings(ordinal: int) -> dict[str, Any]:  # pragma: no c
     return desc
 
 
-def _capture_with_torch(ordinal: int) -> dict[str, Any]:  # pragma: no cover - needs GPU
+#: ``torch.cuda.get_device_properties`` attribute -> descriptor field (torch >= 2.7 has them all).
+_TORCH_PROPS = (
+    ("l2CacheSize", "L2_cache_size"),
+    ("warpSize", "warp_size"),
+    ("maxThreadsPerSM", "max_threads_per_multi_processor"),
+    ("maxThreadsPerBlock", "max_threads_per_block"),
+    ("maxRegistersPerSM", "regs_per_multiprocessor"),
+    ("maxSharedMemoryPerBlockOptin", "shared_memory_per_block_optin"),
+    ("maxSharedMemoryPerBlock", "shared_memory_per_block"),
+    ("smClockRateKHz", "clock_rate"),
+    ("memClockRateKHz", "memory_clock_rate"),
+    ("memoryBusWidth", "memory_bus_width"),
+    ("pciDeviceId", "pci_device_id"),
+)
+
+
+def _capture_with_torch(ordinal: int) -> dict[str, Any]:  # gpu-only
+    """What torch's device properties say, the rest from :data:`CC_LIMITS` (marked estimated).
+    Never ran on a GPU."""
     try:
         import torch
     except ImportError:
-        raise DescriptorError("neither cuda-bindings nor torch is installed") from None
+        raise DescriptorError("torch is not installed") from None
     if not torch.cuda.is_available():
         raise DescriptorError("torch sees no CUDA GPU: nothing to capture")
     p = torch.cuda.get_device_properties(ordinal)
     sm = p.major * 10 + p.minor
     desc = synthesize_descriptor(sm, p.multi_processor_count, p.total_memory / 2**30, p.name)
     desc["totalGlobalMem"] = int(p.total_memory)
-    for ours, theirs in (
-        ("l2CacheSize", "L2_cache_size"),
-        ("warpSize", "warp_size"),
-        ("maxThreadsPerSM", "max_threads_per_multi_processor"),
-        ("maxRegistersPerSM", "regs_per_multiprocessor"),
-        ("maxSharedMemoryPerBlockOptin", "shared_memory_per_block_optin"),
-        ("maxSharedMemoryPerBlock", "shared_memory_per_block"),
-    ):
-        if hasattr(p, theirs):
-            desc[ours] = int(getattr(p, theirs))
-            if ours in desc["_estimated"]:
-                desc["_estimated"].remove(ours)
+    desc["cudaDeviceId"] = ordinal
+    estimated = set(desc["_estimated"]) - {"multiProcessorCount", "totalGlobalMem"}
+    for ours, theirs in _TORCH_PROPS:
+        value = getattr(p, theirs, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            desc[ours] = value
+            estimated.discard(ours)
+    driver = _driver_version(torch)
+    if driver is not None:
+        desc["driverVer"] = driver
+    else:
+        estimated.add("driverVer")
+    desc["_captured"] = "torch"
     desc["_sources"] = {"*": f"captured from device {ordinal} with torch (rest: per-CC table)"}
+    desc["_estimated"] = sorted(estimated | {"maxCtasPerSM", "reservedSharedMemoryPerBlock"})
     validate_descriptor(desc)
     return desc
+
+
+def _driver_version(torch: Any) -> int | None:
+    """``cuDriverGetVersion`` as torch reports it (CUDA builds of torch only; else ``None``)."""
+    get = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if get is None:
+        return None
+    try:
+        return int(get())
+    except (RuntimeError, TypeError, ValueError):
+        return None
 
 
 __all__ = [
@@ -405,7 +496,9 @@ __all__ = [
     "DescriptorError",
     "OPTIONAL_FIELDS",
     "REQUIRED_FIELDS",
+    "capture_device_descriptor",
     "capture_local_descriptor",
+    "current_ordinal",
     "cudnn_json",
     "descriptor_for",
     "descriptor_sm",

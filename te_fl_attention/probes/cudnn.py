@@ -807,6 +807,10 @@ class CudnnProbe(RuleProbe):
             plans=answer.get("plans") or {}, heur_mode=answer.get("heur_mode"),
             cudnn=answer.get("cudnn_version"), mode=answer.get("mode"),
         )  # fmt: skip
+        # What a local answer rests on: the captured descriptor, real handle or not.
+        if device.source == "local":  # gpu-only
+            detail.update(descriptor=answer.get("descriptor"),
+                          graph_notes=list(answer.get("notes") or []))  # fmt: skip
         if ok == bool(predicted):  # the table predicted the opposite of cuDNN's answer
             detail["rule_drift"] = {
                 "rules": "refused" if predicted else "accepted",
@@ -826,7 +830,8 @@ class CudnnProbe(RuleProbe):
             backend=self.name, supported=ok, reasons=reasons, stage="graph_build",
             evidence=f"cudnn {answer.get('cudnn_version')} graph ({mode})",
             elapsed_ms=(time.perf_counter() - t0) * 1e3, detail=detail if ok else
-            {k: v for k, v in detail.items() if k in ("rule_drift", "cudnn", "mode")},
+            {k: v for k, v in detail.items()
+             if k in ("rule_drift", "cudnn", "mode", "descriptor", "graph_notes")},
         )  # fmt: skip
 
     def _ask_cudnn(self, config: FusedAttnConfig, device: DeviceProfile
@@ -843,12 +848,35 @@ class CudnnProbe(RuleProbe):
                                 f"{fmt_version(installed)} cannot answer for cuDNN "
                                 f"{fmt_version(want)}: the support-table prediction stands",
                                 stage="graph_build")  # fmt: skip
-        from ..descriptors import descriptor_for
+        try:
+            return self._ask_worker(config, device)
+        except Exception as exc:  # noqa: BLE001 - a GPU/descriptor problem never escapes a probe
+            return None, reject("cudnn.probe_error", f"asking cuDNN failed: "
+                                f"{type(exc).__name__}: {exc}", stage="graph_build")  # fmt: skip
+
+    def _ask_worker(self, config: FusedAttnConfig, device: DeviceProfile
+                    ) -> tuple[dict[str, Any] | None, Reason | None]:  # fmt: skip
+        """The worker's answer. A catalog GPU: its descriptor, deviceless, in the deviceless
+        worker. The local GPU: the descriptor captured from the current device, with
+        ``use_real_gpu``, in that device's worker (a real handle where the worker finds a real
+        driver; the descriptor, deviceless, where it finds the stub). Never ran on a GPU."""
+        from ..descriptors import DescriptorError, current_ordinal, descriptor_for
         from .cudnn_worker import get_worker
 
-        real = device.source == "local"  # a local GPU: plan with a real handle
-        answer = get_worker().probe(config.to_dict(), None if real else descriptor_for(device),
-                                    device.sm, timeout_s=self.timeout_s, use_real_gpu=real)
+        ordinal, real = None, False
+        if device.source == "local" and device.has_gpu:  # gpu-only
+            ordinal = current_ordinal()
+        try:
+            desc = descriptor_for(device, ordinal)
+        except DescriptorError as exc:
+            return None, reject("cudnn.bad_descriptor", f"no device descriptor for {device.name}: "
+                                f"{exc}", stage="graph_build")  # fmt: skip
+        # A real handle only for the device the descriptor was captured from.
+        if ordinal is not None:  # gpu-only
+            real = bool(desc.get("_captured"))
+        answer = get_worker(ordinal).probe(config.to_dict(), desc, device.sm,
+                                           timeout_s=self.timeout_s, use_real_gpu=real)  # fmt: skip
+        answer["descriptor"] = (desc.get("_sources") or {}).get("*") or desc.get("_catalog")
         if not answer.get("decided"):
             return answer, reject(answer.get("code") or "cudnn.undecided",
                                   answer.get("message") or "cuDNN could not be asked",

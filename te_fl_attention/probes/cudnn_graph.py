@@ -25,6 +25,13 @@ Without a GPU this needs cuDNN >= 9.11 "deviceless" mode: a device descriptor
 :mod:`._stubcuda` provides. cuDNN can abort the process on bad input, so call this from the
 probe worker (:mod:`.cudnn_worker`), not from a process you care about.
 
+With ``use_real_gpu`` and a real driver with a GPU loaded, the graphs are built on a real cuDNN
+handle of the current device instead (``backend_graph(handle=<raw cudnnHandle_t>)``, mode
+``"device"``; the descriptor is then only a fallback when the handle cannot be created). Where
+no real driver is loaded the descriptor answers, deviceless, and ``notes`` says so. The
+real-handle path **never ran on a GPU**; the test suite runs it with a fake handle
+(``tests/fakegpu``) over the real deviceless planner.
+
 The result is a JSON-able dict::
 
     {"supported": bool,          # cuDNN accepted every graph (fwd, and bwd when training)
@@ -85,7 +92,7 @@ _GENERIC_REASON_MARKERS = (
 _lock = threading.RLock()
 _backend: dict[str, Any] | None = None
 _device_props: dict[str, Any] = {}
-_handle: Any = None
+_handles: dict[int, Any] = {}
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -252,12 +259,39 @@ def _device_properties(cudnn: Any, desc_json: str) -> Any:
         return dp
 
 
-def _real_handle(cudnn: Any) -> Any:  # pragma: no cover - needs a GPU; never ran on a GPU
-    global _handle
+def _real_handle(cudnn: Any) -> Any:  # gpu-only
+    """A cuDNN handle on this process's current CUDA device (one per device, kept for the
+    process). ``cudnn.create_handle()`` binds it to the current device; the probe worker is
+    narrowed to its parent's device, where that is device 0. Never ran on a GPU."""
+    from ..descriptors import current_ordinal
+
+    ordinal = current_ordinal()
     with _lock:
-        if _handle is None:
-            _handle = cudnn.create_handle()
-        return _handle
+        handle = _handles.get(ordinal)
+        if handle is None:
+            handle = _handles[ordinal] = cudnn.create_handle()
+        return handle
+
+
+def backend_handle(handle: Any) -> Any:
+    """The raw ``cudnnHandle_t`` (an int) that ``backend_graph(handle=...)`` takes: cudnn-frontend
+    >= 1.32's ``create_handle()`` returns a ``cudnn.Handle``, unwrapped by its
+    ``to_backend_handle``; older frontends hand out the int itself."""
+    try:
+        from cudnn._handle import to_backend_handle
+    except ImportError:
+        return handle
+    return to_backend_handle(handle)
+
+
+def _real_device(sm: int | None) -> tuple[int, str | None]:  # gpu-only
+    """The sm and name of the device a real handle plans on, read from it when the caller
+    sent no descriptor (the worker's device 0, or the current device in-process). Never ran on
+    a GPU."""
+    from ..descriptors import capture_device_descriptor, current_ordinal, descriptor_sm
+
+    desc = capture_device_descriptor(current_ordinal())
+    return (descriptor_sm(desc) if sm is None else sm), desc["deviceName"]
 
 
 # ---------------------------------------------------------------------------------------- layouts
@@ -614,11 +648,19 @@ class _Builder:
 
 
 # ---------------------------------------------------------------------------------------- probing
-def _resolve_device(device: str | Mapping[str, Any]) -> dict[str, Any]:
-    from ..descriptors import load_descriptor, validate_descriptor
+def _resolve_device(device: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A catalog name or a descriptor, validated; ``None`` stays ``None`` (no descriptor: only
+    a real handle can plan then)."""
+    from ..descriptors import DescriptorError, load_descriptor, validate_descriptor
 
+    if device is None:
+        return None
     if isinstance(device, str):
         return load_descriptor(device)
+    if not isinstance(device, Mapping):
+        raise DescriptorError(
+            f"a device descriptor is a JSON object or a catalog name, got {type(device).__name__}"
+        )
     desc = dict(device)
     validate_descriptor(desc)
     return desc
@@ -632,7 +674,7 @@ def _config(config: FusedAttnConfig | Mapping[str, Any]) -> FusedAttnConfig:
 
 def probe_config(
     config: FusedAttnConfig | Mapping[str, Any],
-    device: str | Mapping[str, Any],
+    device: str | Mapping[str, Any] | None,
     sm: int | None = None,
     *,
     build_plans: bool = False,
@@ -642,16 +684,21 @@ def probe_config(
     """Build the config's SDPA graph(s) for ``device`` and return cuDNN's answer (module doc).
 
     ``config``: a :class:`FusedAttnConfig` or its ``to_dict()``. ``device``: a catalog name
-    (``"h100"``) or a descriptor dict. ``sm``: the ``sm_version`` to plan for (default: the
-    descriptor's ``deviceVer // 10``). ``build_plans``: also compile the plans (slow).
+    (``"h100"``), a descriptor dict, or ``None`` (only with ``use_real_gpu``: the real device
+    is described by itself). ``sm``: the ``sm_version`` to plan for (default: the descriptor's
+    ``deviceVer // 10``, or the real device's). ``build_plans``: also compile the plans (slow).
     ``heuristics``: cuDNN heuristic modes, tried in order until one yields a supported plan.
-    ``use_real_gpu``: plan against the local GPU with a real handle instead of the descriptor
-    (only where a real driver with a GPU is loaded; **never ran on a GPU**).
+    ``use_real_gpu``: plan on this process's current GPU with a real cuDNN handle (mode
+    ``"device"``) where a real driver with a GPU is loaded; elsewhere (the stub driver) plan
+    deviceless with the descriptor and say so in ``notes``. A failed handle falls back to the
+    descriptor too. The real-handle path **never ran on a GPU** (only with a fake handle).
     """
     t0 = time.perf_counter()
+    notes: list[str] = []
 
     def done(**kw: Any) -> dict[str, Any]:
         kw["elapsed_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        kw["notes"] = notes + list(kw.get("notes") or [])
         return _result(**kw)
 
     try:
@@ -664,8 +711,16 @@ def probe_config(
         return done(code="cudnn.bad_descriptor", step="device", message=str(exc))
     from ..descriptors import cudnn_json, descriptor_sm
 
-    sm = int(sm) if sm is not None else descriptor_sm(desc)
-    base = {"sm": sm, "device": desc.get("deviceName")}
+    no_desc = (
+        "no device descriptor: deviceless planning needs one (a catalog name or a descriptor)"
+    )
+    if desc is None and not use_real_gpu:
+        return done(code="cudnn.bad_descriptor", step="device", message=no_desc)
+    if sm is not None:
+        sm = int(sm)
+    elif desc is not None:
+        sm = descriptor_sm(desc)
+    base: dict[str, Any] = {"sm": sm, "device": desc.get("deviceName") if desc else None}
     st = backend_status()
     base.update(
         cudnn_version=st["cudnn_version"],
@@ -674,6 +729,20 @@ def probe_config(
     )
     if not st["ok"]:
         return done(code="cudnn.unavailable", step="backend", message=st["error"], **base)
+    real = use_real_gpu and st["driver"] == "real"
+    if use_real_gpu and not real:
+        notes.append(
+            f"asked to plan on the local GPU with a real handle, but this process sees no GPU "
+            f"({st['driver']} driver loaded): planned deviceless with the descriptor"
+            + (f" of {base['device']} (sm{sm})" if desc is not None else "")
+        )
+    if desc is None and not real:
+        return done(
+            code="cudnn.bad_descriptor",
+            step="device",
+            message=f"{no_desc}, and no real GPU driver is loaded here to plan with a real handle",
+            **base,
+        )
     try:
         _check_expressible(cfg)
     except _Unsupported as exc:
@@ -681,25 +750,45 @@ def probe_config(
 
     import cudnn
 
-    real = use_real_gpu and st["driver"] == "real"
+    graph_kw: dict[str, Any] = {}
+    if real:  # gpu-only
+        try:
+            if sm is None or desc is None:
+                sm, name = _real_device(sm)
+                base.update(sm=sm, device=base["device"] or name)
+            graph_kw["handle"] = backend_handle(_real_handle(cudnn))
+        except Exception as exc:  # noqa: BLE001 - no handle: the descriptor, if any, answers
+            if desc is None:
+                return done(
+                    code="cudnn.probe_error",
+                    step="device",
+                    message=f"planning with a real cuDNN handle on the local GPU failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    error_type=type(exc).__name__,
+                    **base,
+                )
+            notes.append(
+                f"planning with a real cuDNN handle on the local GPU failed "
+                f"({type(exc).__name__}: {exc}): planned deviceless with the descriptor"
+            )
+            real = False
+            graph_kw.clear()
     base["mode"] = "device" if real else "deviceless"
-    try:
-        graph_kw: dict[str, Any] = {}
-        if real:  # pragma: no cover - never ran on a GPU
-            graph_kw["handle"] = _real_handle(cudnn)
-        else:
+    if not real:
+        assert desc is not None and sm is not None
+        try:
             graph_kw["device_property"] = _device_properties(cudnn, cudnn_json(desc))
             graph_kw["sm_version"] = sm
-    except Exception as exc:  # noqa: BLE001 - cuDNN refusing the descriptor
-        return done(
-            code="cudnn.bad_descriptor",
-            step="device",
-            message=str(exc),
-            summary=summarize(str(exc)),
-            error_type=type(exc).__name__,
-            **base,
-        )
-
+        except Exception as exc:  # noqa: BLE001 - cuDNN refusing the descriptor
+            return done(
+                code="cudnn.bad_descriptor",
+                step="device",
+                message=str(exc),
+                summary=summarize(str(exc)),
+                error_type=type(exc).__name__,
+                **base,
+            )
+    assert sm is not None
     shapes = _Shapes(cfg, sm)
     io = _io_dtype(cudnn, cfg)
     plans: dict[str, list[str]] = {}
@@ -825,10 +914,12 @@ def _reset_for_tests() -> None:
     with _lock:
         _backend = None
         _device_props.clear()
+        _handles.clear()
 
 
 __all__ = [
     "PIPELINE",
+    "backend_handle",
     "backend_status",
     "layout_pieces",
     "probe_config",

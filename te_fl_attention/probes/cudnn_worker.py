@@ -13,6 +13,8 @@ caller's process. So probes run in a worker process that:
   C++ prints cannot corrupt a reply; its stderr goes to a temporary file, whose tail explains a
   death ("Invalid handle. Cannot load symbol ...").
 
+Process management (spawn, timeouts, respawn, device narrowing) is :mod:`te_fl_attention.workers`.
+
 A probe that crashes the worker, or runs past its timeout (the worker is then killed), becomes a
 result ``{"supported": False, "decided": False, "step": "worker", "code": "cudnn.worker_died" |
 "cudnn.worker_timeout", "message": "probe worker died (signal 6, SIGABRT) ..."}``; the next probe
@@ -20,32 +22,38 @@ starts a new worker transparently. A worker found dead between probes is replace
 that notices it says so in its ``notes``.
 
 On a machine with a GPU the worker sees the real driver (the stub is never loaded there).
-``probe(..., use_real_gpu=True)`` then plans with a real cuDNN handle on the local GPU instead of a
-descriptor; that path **never ran on a GPU** (none was available while writing it).
+``probe(..., use_real_gpu=True)`` then plans with a real cuDNN handle on the local GPU instead of
+the descriptor it is sent; a worker that finds no real driver (the stub) plans deviceless with
+that descriptor and says so in the result's ``notes`` (``mode`` stays ``"deviceless"``).
+
+There is one worker per parent device (:func:`get_worker`): the worker for device ``N`` is spawned
+with ``CUDA_VISIBLE_DEVICES`` narrowed to the parent's device ``N`` (:func:`visible_device`), so its
+handle, created on its device 0, is the parent's device, and no context is opened on another GPU
+(on an 8-GPU node each rank's worker stays on that rank's GPU). The real-handle path **never ran on
+a GPU** (none was available while writing it; the test suite runs it with a fake handle).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-#: Seconds a new worker may take to start (stub compile + cudnn import; ~1 s warm, more cold).
-START_TIMEOUT_S = 120.0
-
-#: Bytes of the worker's stderr quoted in a death report.
-STDERR_TAIL = 1500
+from ..workers import (
+    DEVICE_ENV,
+    START_TIMEOUT_S,
+    JsonWorker,
+    WorkerFailure,
+    WorkerPool,
+    protocol_stdout,
+    serve,
+    visible_device,
+    worker_env,
+)
 
 _STDERR_LIMIT = 1 << 20  # the worker truncates its stderr file past 1 MiB
 
@@ -64,233 +72,37 @@ def _worker_result(code: str, message: str, **kw: Any) -> dict[str, Any]:
     )
 
 
-def _describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "is unresponsive"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "unknown signal"
-        return f"died (signal {-returncode}, {name})"
-    return f"exited with status {returncode}"
-
-
-class CudnnWorker:
-    """One probe worker process (spawned on first use, respawned after a death).
+class CudnnWorker(JsonWorker):
+    """One probe worker process (spawned on first use, respawned after a death); ``device``: the
+    parent's CUDA device it is narrowed to (``None``: not narrowed, for deviceless questions).
 
     Thread-safe: probes are serialized. ``close()`` ends the worker; the object stays usable
     (the next probe spawns a new one).
     """
 
-    def __init__(
-        self, *, start_timeout_s: float = START_TIMEOUT_S, env: Mapping[str, str] | None = None
-    ) -> None:
-        self.start_timeout_s = start_timeout_s
-        self._env = dict(env) if env is not None else None
-        self._lock = threading.RLock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr_path: str | None = None
-        self._buf = b""
-        self._next_id = 0
-        self.hello: dict[str, Any] | None = None
-        #: Number of workers started so far (a test and benchmark aid).
-        self.starts = 0
+    def __init__(self, *, start_timeout_s: float = START_TIMEOUT_S,
+                 env: Mapping[str, str] | None = None,
+                 device: int | None = None) -> None:  # fmt: skip
+        super().__init__("te_fl_attention.probes.cudnn_worker", env=env, device=device,
+                         name="probe worker", job="probe", start_timeout_s=start_timeout_s)
 
-    # ------------------------------------------------------------------ process management
-    @property
-    def pid(self) -> int | None:
-        """The current worker's pid, or ``None`` when none is running."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def _spawn(self) -> None:
-        pkg_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ if self._env is None else self._env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        fd, path = tempfile.mkstemp(prefix="te-fl-cudnn-worker-", suffix=".stderr")
-        os.close(fd)
-        self._stderr_path = path
-        # Read+append: the worker scans it (pread) and may truncate it safely (O_APPEND).
-        with open(path, "a+b") as err:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "te_fl_attention.probes.cudnn_worker"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=env,
-                bufsize=0,
-                close_fds=True,
-            )
-        self._buf = b""
-        self.starts += 1
-        try:
-            line = self._read_line(self.start_timeout_s)
-        except TimeoutError:
-            self._kill()
-            raise RuntimeError(
-                f"the cuDNN probe worker did not start within {self.start_timeout_s:.0f} s"
-            ) from None
-        if line is None:
-            rc = self._reap()
-            tail = self._stderr_tail()
-            self._discard()
-            raise RuntimeError(
-                f"the cuDNN probe worker {_describe_exit(rc)} while starting"
-                + (f"; stderr: {tail}" if tail else "")
-            )
-        self.hello = json.loads(line).get("hello")
-
-    def _ensure(self) -> list[str]:
-        """A live worker; returns notes about a predecessor found dead."""
-        notes: list[str] = []
-        if self._proc is not None and self._proc.poll() is not None:
-            old_pid, rc = self._proc.pid, self._proc.returncode
-            tail = self._stderr_tail()
-            notes.append(
-                f"the previous probe worker (pid {old_pid}) had {_describe_exit(rc)} while idle; "
-                "a new worker was started" + (f" (its stderr: {tail})" if tail else "")
-            )
-            self._discard()
-        if self._proc is None:
-            self._spawn()
-        return notes
-
-    def _kill(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-
-    def _reap(self) -> int | None:
-        proc = self._proc
-        if proc is None:
-            return None
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            return proc.returncode
-
-    def _discard(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-        if self._stderr_path:
-            with contextlib.suppress(OSError):
-                os.unlink(self._stderr_path)
-        self._stderr_path = None
-        self._buf = b""
-
-    def _stderr_tail(self) -> str:
-        if not self._stderr_path:
-            return ""
-        try:
-            with open(self._stderr_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - STDERR_TAIL))
-                return f.read().decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
-        with self._lock:
-            proc = self._proc
-            if proc is None:
-                return
-            if proc.poll() is None:
-                with contextlib.suppress(OSError, ValueError):
-                    assert proc.stdin is not None
-                    proc.stdin.write(b'{"op": "exit"}\n')
-                    proc.stdin.flush()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._kill()
-            self._discard()
-
-    def __enter__(self) -> CudnnWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ protocol
-    def _read_line(self, timeout_s: float) -> bytes | None:
-        """One reply line; ``None`` on EOF (the worker died); TimeoutError past the deadline."""
-        proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
-
-    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def request(self, payload: Mapping[str, Any], timeout_s: float  # type: ignore[override]
+                ) -> dict[str, Any]:  # fmt: skip
         """Send one request and wait for its reply (a worker-failure result on death/timeout)."""
-        with self._lock:
-            try:
-                notes = self._ensure()
-            except RuntimeError as exc:
-                return _worker_result("cudnn.worker_died", str(exc))
-            proc = self._proc
-            assert proc is not None and proc.stdin is not None
-            self._next_id += 1
-            payload = {**payload, "id": self._next_id}
-            pid = proc.pid
-            try:
-                proc.stdin.write((json.dumps(payload) + "\n").encode())
-                proc.stdin.flush()
-                line = self._read_line(timeout_s)
-            except TimeoutError:
-                self._kill()
-                tail = self._stderr_tail()
-                self._discard()
-                return _worker_result(
-                    "cudnn.worker_timeout",
-                    f"probe worker (pid {pid}) timed out after {timeout_s:g} s and was killed; "
-                    "the next probe starts a new worker" + (f"\nstderr: {tail}" if tail else ""),
-                    notes=notes,
-                )
-            except (BrokenPipeError, OSError):
-                line = None
-            if line is None:
-                rc = self._reap()
-                tail = self._stderr_tail()
-                self._discard()
-                return _worker_result(
-                    "cudnn.worker_died",
-                    f"probe worker (pid {pid}) {_describe_exit(rc)} during the probe; the next "
-                    "probe starts a new worker" + (f"\nstderr: {tail}" if tail else ""),
-                    notes=notes,
-                )
-            reply = json.loads(line)
-            result = reply.get("result", reply)
-            if notes and isinstance(result, dict):
-                result["notes"] = notes + list(result.get("notes") or [])
-            return result
+        try:
+            reply, notes = super().request(payload, timeout_s)
+        except WorkerFailure as exc:
+            code = "cudnn.worker_timeout" if exc.kind == "timeout" else "cudnn.worker_died"
+            return _worker_result(code, str(exc), notes=exc.notes)
+        result = reply.get("result", reply)
+        if notes and isinstance(result, dict):
+            result["notes"] = notes + list(result.get("notes") or [])
+        return result
 
     def probe(
         self,
         config_dict: Mapping[str, Any],
-        device_descriptor: str | Mapping[str, Any],
+        device_descriptor: str | Mapping[str, Any] | None,
         sm: int | None = None,
         timeout_s: float = 30.0,
         *,
@@ -300,20 +112,37 @@ class CudnnWorker:
     ) -> dict[str, Any]:
         """:func:`.cudnn_graph.probe_config` in the worker; see the module doc for failures.
 
-        ``device_descriptor``: a descriptor dict or a catalog name (resolved here, so a bad
-        name fails fast without a worker). ``use_real_gpu``: plan on the local GPU with a real
-        handle (only where the worker found a real driver with a GPU; never ran on a GPU).
+        ``device_descriptor``: a descriptor dict, a catalog name (resolved here, so a bad name
+        fails fast without a worker), or ``None`` with ``use_real_gpu`` (the worker's device
+        describes itself). ``use_real_gpu``: plan on the worker's GPU with a real handle (only
+        where the worker found a real driver with a GPU; elsewhere the descriptor answers,
+        deviceless; the real path never ran on a GPU). Never raises for a bad descriptor: the
+        result says ``cudnn.bad_descriptor``.
         """
-        if isinstance(device_descriptor, str):
-            from ..descriptors import DescriptorError, load_descriptor
+        from ..descriptors import DescriptorError, load_descriptor
+        from .cudnn_graph import _result
 
+        if isinstance(device_descriptor, str):
             try:
                 device_descriptor = load_descriptor(device_descriptor)
             except DescriptorError as exc:
-                from .cudnn_graph import _result
-
                 return _result(code="cudnn.bad_descriptor", step="device", message=str(exc))
-        device = {k: v for k, v in device_descriptor.items() if k != "_sources"}
+        if device_descriptor is None:
+            device = None
+        elif isinstance(device_descriptor, Mapping):
+            device = {k: v for k, v in device_descriptor.items() if k != "_sources"}
+        else:
+            return _result(code="cudnn.bad_descriptor", step="device",
+                           message="a device descriptor is a JSON object or a catalog name, got "
+                           f"{type(device_descriptor).__name__}")  # fmt: skip
+        unnamed = None
+        if use_real_gpu and self.device is not None:  # gpu-only
+            parent = self.base_env.get("CUDA_VISIBLE_DEVICES")
+            if visible_device(self.device, parent) is None:
+                use_real_gpu = False
+                unnamed = (f"the parent's device {self.device} has no entry in its "
+                           f"CUDA_VISIBLE_DEVICES={parent!r}: the worker cannot be narrowed to "
+                           "it, so it planned deviceless with the descriptor")  # fmt: skip
         payload: dict[str, Any] = {
             "op": "probe",
             "config": dict(config_dict),
@@ -324,23 +153,33 @@ class CudnnWorker:
         }
         if heuristics is not None:
             payload["heuristics"] = list(heuristics)
-        return self.request(payload, timeout_s)
+        try:
+            json.dumps(payload)
+        except (TypeError, ValueError) as exc:
+            return _result(code="cudnn.bad_descriptor", step="device",
+                           message=f"the request is not plain JSON: {exc}")  # fmt: skip
+        result = self.request(payload, timeout_s)
+        if unnamed is not None:  # gpu-only
+            result["notes"] = [unnamed, *(result.get("notes") or [])]
+        return result
 
 
-__all__ = ["CudnnWorker", "START_TIMEOUT_S", "get_worker"]
+__all__ = ["CudnnWorker", "START_TIMEOUT_S", "close_workers", "get_worker", "visible_device",
+           "worker_env"]
 
-_singleton: CudnnWorker | None = None
-_singleton_lock = threading.Lock()
+_POOL = WorkerPool(lambda device: CudnnWorker(device=device))
 
 
-def get_worker() -> CudnnWorker:
-    """The process-wide worker (created on first use, closed at exit)."""
-    global _singleton
-    with _singleton_lock:
-        if _singleton is None:
-            _singleton = CudnnWorker()
-            atexit.register(_singleton.close)
-        return _singleton
+def get_worker(device: int | None = None) -> CudnnWorker:
+    """The process-wide worker for the parent's CUDA device ``device`` (created on first use,
+    closed at exit): narrowed to that device by ``CUDA_VISIBLE_DEVICES``. ``None``: the worker for
+    deviceless questions (catalog GPUs), not narrowed, which never creates a handle."""
+    return _POOL.get(device)
+
+
+def close_workers() -> None:
+    """Stop every worker :func:`get_worker` started (they respawn on the next probe)."""
+    _POOL.close_all()
 
 
 # ---------------------------------------------------------------------------------------- worker
@@ -371,16 +210,12 @@ def _scan_stderr(offset: int) -> tuple[int, list[str]]:
     return size, missing
 
 
-def _serve() -> int:  # pragma: no cover - runs in the worker subprocess (tested end to end)
-    out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+def _serve() -> int:  # runs in the worker subprocess (measured there by gpu_branches.py)
+    out = protocol_stdout()
 
-    from . import cudnn_graph
+    from . import _stubcuda, cudnn_graph
 
     st = cudnn_graph.backend_status()
-    from . import _stubcuda
-
     setup = _stubcuda.current_setup()
     hello = {
         "pid": os.getpid(),
@@ -390,49 +225,42 @@ def _serve() -> int:  # pragma: no cover - runs in the worker subprocess (tested
         "stub_path": setup.path if setup and setup.mode == "stub" else None,
         "cudnn_version": st["cudnn_version"],
         "frontend_version": st["frontend_version"],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "parent_device": os.environ.get(DEVICE_ENV),
     }
-    out.write(json.dumps({"hello": hello}) + "\n")
-    offset, _ = _scan_stderr(0)
-    for raw in sys.stdin.buffer:
-        try:
-            req = json.loads(raw)
-        except ValueError:
-            continue
-        op = req.get("op")
-        if op == "exit":
-            break
-        if op == "ping":
-            reply: dict[str, Any] = {"id": req.get("id"), "result": hello}
-        elif op == "sleep":  # a test aid: a probe that takes a while (crash/timeout tests)
+    offset = _scan_stderr(0)[0]
+
+    def handle(op: str, req: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        nonlocal offset
+        if op == "sleep":  # a test aid: a probe that takes a while (crash/timeout tests)
             time.sleep(float(req.get("seconds", 0)))
-            reply = {"id": req.get("id"), "result": {"slept": req.get("seconds")}}
-        elif op == "probe":
-            try:
-                result = cudnn_graph.probe_config(
-                    req["config"],
-                    req["device"],
-                    req.get("sm"),
-                    build_plans=bool(req.get("build_plans")),
-                    heuristics=tuple(req.get("heuristics") or cudnn_graph.HEURISTICS),
-                    use_real_gpu=bool(req.get("use_real_gpu")),
-                )
-            except Exception as exc:  # noqa: BLE001 - report, keep serving
-                result = cudnn_graph._result(
-                    code="cudnn.probe_error", step="mapping", message=f"{type(exc).__name__}: {exc}"
-                )
-            offset, missing = _scan_stderr(offset)
-            if missing:
-                result["notes"] = list(result.get("notes") or []) + [
-                    "the stub driver lacks symbol(s) cuDNN asked for: " + ", ".join(missing)
-                ]
-                if not result.get("supported"):
-                    result["decided"] = False
-                    result["code"] = "cudnn.stub_incomplete"
-            reply = {"id": req.get("id"), "result": result}
-        else:
-            reply = {"id": req.get("id"), "error": f"unknown op {op!r}"}
-        out.write(json.dumps(reply) + "\n")
-    return 0
+            return {"result": {"slept": req.get("seconds")}}, False
+        if op != "probe":
+            return {"error": f"unknown op {op!r}"}, False
+        try:
+            result = cudnn_graph.probe_config(
+                req["config"],
+                req.get("device"),
+                req.get("sm"),
+                build_plans=bool(req.get("build_plans")),
+                heuristics=tuple(req.get("heuristics") or cudnn_graph.HEURISTICS),
+                use_real_gpu=bool(req.get("use_real_gpu")),
+            )
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
+            result = cudnn_graph._result(
+                code="cudnn.probe_error", step="mapping", message=f"{type(exc).__name__}: {exc}"
+            )
+        offset, missing = _scan_stderr(offset)
+        if missing:
+            result["notes"] = list(result.get("notes") or []) + [
+                "the stub driver lacks symbol(s) cuDNN asked for: " + ", ".join(missing)
+            ]
+            if not result.get("supported"):
+                result["decided"] = False
+                result["code"] = "cudnn.stub_incomplete"
+        return {"result": result}, False
+
+    return serve(out, hello, handle)
 
 
 if __name__ == "__main__":  # pragma: no cover
