@@ -7,16 +7,18 @@ Algorithm (FlashAttention-2 style, written for this project):
 * Forward: one program per (query block, batch * head). Scores are kept in log2 units
   (``q.k * scale * log2(e)``) so the online softmax uses ``exp2``; the running max is made
   finite before subtraction so rows that see no key stay NaN-free (output 0, lse ``-inf``).
-  Key blocks are visited in three loops: masked blocks before the fully visible range, unmasked
-  blocks (no per-element mask), masked blocks after it. The range comes from the causal/window
-  bounds of the query block, so blocks outside the window are never touched.
+  Key blocks are visited in one pipelined loop over the causal/window bounds of the query block
+  (blocks outside the window are never touched); only the blocks at the edges of the fully
+  visible range get the per-element mask (three separately pipelined loops, as before, cost
+  registers: they spilled).
 * Backward: ``delta = rowsum(dO * O)`` (preprocess kernel), then dQ with one program per
   (query block, batch * head) and dK/dV with one program per (key block, batch * kv head) that
-  loops over the query heads of its GQA group. When that launches too few programs for the GPU
-  (MQA, small batch), dK/dV are instead computed per query head as fp32 partials and summed
-  over each group with ``torch.sum``. Every output element is written by exactly one program in
-  a fixed order and no atomics are used: the backward is deterministic (bitwise reproducible)
-  by default; ``deterministic=True`` is accepted for API compatibility and changes nothing.
+  loops over (query head of its GQA group, query block) in one loop. When that launches too
+  few programs for the GPU (MQA, small batch), dK/dV are instead computed per query head as
+  fp32 partials and summed over each group with ``torch.sum``. Every output element is written
+  by exactly one program in a fixed order and no atomics are used: the backward is
+  deterministic (bitwise reproducible) by default; ``deterministic=True`` is accepted for API
+  compatibility and changes nothing.
 * Masks: key ``j`` is visible to query ``i`` iff ``j < len_kv`` and
   ``i + off - left <= j <= i + off + right`` (``-1`` = unbounded, causal forces ``right = 0``),
   with ``off = len_kv - len_q`` (each sequence's actual lengths) for bottom-right alignment,
@@ -24,17 +26,29 @@ Algorithm (FlashAttention-2 style, written for this project):
 * Layouts: bshd ``[b, s, h, d]``, sbhd ``[s, b, h, d]`` and thd ``[t, h, d]`` are read through
   their strides (no copies); thd sequences start at ``cu_seqlens_*_padded[i]`` when given.
   lse is fp32 in natural-log units, ``[b, h, sq]`` (bshd/sbhd) or ``[h, total_q]`` (thd).
+* Addressing: the offset of each block (its first row, sequence start, head, batch) is a 64-bit
+  scalar; offsets inside a tile are 32-bit unless a sequence stride makes them reach 2^31
+  (``IDX64``, chosen per launch), so sbhd tensors with ``S * B * H * D >= 2^31`` elements work.
+* Grid: (row block, batch * head) are folded onto grid axis x (limit 2^31 - 1); axes y and z
+  (limit 65,535) are unused, so thd with thousands of packed sequences x heads launches.
 
-On GPU, block sizes are autotuned (key: head dims, dtype, causal). Under ``TRITON_INTERPRET=1``
-(CPU) one small fixed configuration is used, and q/k/v tiles are upcast to fp32 before
-``tl.dot`` (the interpreter multiplies raw bf16 bit patterns, triton issue 11584); the softmax
-probabilities are still rounded to the input dtype before ``P @ V`` so the numerics match the
-GPU path. fp32 inputs use ``input_precision="ieee"`` (no TF32).
+Tiles: on a GPU each kernel's (BLOCK_M, BLOCK_N, warps, stages) comes from :mod:`.tuning`: the
+kept configs (:func:`configs`, pruned by ``benchmarks/bench_kernel_resources.py``: no forward
+spills, <= 256 spill bytes in the backward at head dim <= 128 on sm80 and sm90) are timed once
+per key (device, kernel, dtype, head dims, feature flags, sequence-length and batch x head
+buckets) and the choice is remembered (the probe cache once
+:func:`te_fl_attention.cache.tuning.install` ran). Under ``TRITON_INTERPRET=1`` (CPU) one small
+fixed configuration is used, and q/k/v tiles are upcast to fp32 before ``tl.dot`` (the
+interpreter multiplies raw bf16 bit patterns, triton issue 11584); the softmax probabilities are
+still rounded to the input dtype before ``P @ V`` so the numerics match the GPU path. fp32
+inputs use ``input_precision="ieee"`` (no TF32). The GPU branch never ran on a GPU: CPU tests
+run it up to the launch (tests/kernels/launch_double.py).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from typing import Any, NoReturn
@@ -48,7 +62,10 @@ except ImportError:  # pragma: no cover - SUPPORTED and validation stay importab
     triton = None
     tl = None
 
-__all__ = ["SUPPORTED", "flash_attention"]
+from . import tuning
+from .tuning import Config
+
+__all__ = ["SUPPORTED", "configs", "flash_attention"]
 
 QKV_FORMATS = ("bshd", "sbhd", "thd")
 MASK_TYPES = (
@@ -101,6 +118,17 @@ def _interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+def _gpu_tensor_type() -> str:
+    """The device type of the tensors a GPU launch takes: ``cuda``, or where
+    :func:`~te_fl_attention.kernels.run.tensor_device` puts tensors while a GPU is present (the
+    test seam presents one on a CPU machine, tensors staying on the CPU)."""
+    if not torch.cuda.is_available():
+        return "cuda"
+    from .run import tensor_device
+
+    return tensor_device()
+
+
 def _jit(fn):
     return fn if triton is None else triton.jit(fn)
 
@@ -137,6 +165,24 @@ def _seq_info(
     else:
         off = 0 * len_q
     return len_q, len_kv, start_q, start_kv, store_q, store_kv, off
+
+
+@_jit
+def _program(ROWS, BLOCK: tl.constexpr):
+    """(row block, batch * head) of this program: both are folded into grid axis x (CUDA caps
+    axes y and z at 65,535), row blocks fastest."""
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(ROWS, BLOCK)
+    return pid % n_blocks, pid // n_blocks
+
+
+@_jit
+def _rows(BLOCK: tl.constexpr, IDX64: tl.constexpr):
+    """``arange(BLOCK)``, as int64 when in-block offsets ``row * stride`` may pass 2^31."""
+    r = tl.arange(0, BLOCK)
+    if IDX64:
+        r = r.to(tl.int64)
+    return r
 
 
 @_jit
@@ -214,46 +260,6 @@ def _visible(
 
 
 @_jit
-def _fwd_block(
-    acc, l_i, m_i, q, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks, stride_kd,
-    stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-    D_QK: tl.constexpr, D_V: tl.constexpr, MASK: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    in_kv = offs_n < len_kv
-    kt = tl.load(
-        k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd,
-        mask=in_kv[None, :] & (offs_dqk[:, None] < D_QK),
-        other=0.0,
-    )
-    v = tl.load(
-        v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-        mask=in_kv[:, None] & (offs_dv[None, :] < D_V),
-        other=0.0,
-    )
-    if UPCAST:
-        kt = kt.to(tl.float32)
-    s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2
-    if MASK:
-        ok = _visible(offs_m, offs_n, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if UPCAST:
-        pv = p.to(v.dtype).to(tl.float32)
-        v = v.to(tl.float32)
-    else:
-        pv = p.to(v.dtype)
-    acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PREC)
-    return acc, l_i, m_new
-
-
-@_jit
 def _fwd_kernel(
     Q, K, V, OUT, LSE, CU_Q, START_Q, CU_KV, START_KV,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -265,11 +271,10 @@ def _fwd_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, VARLEN: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program(S_Q, BLOCK_M)
     bid = pid_bh // H
     hid = pid_bh % H
     kvh = hid // GROUP
@@ -277,58 +282,81 @@ def _fwd_kernel(
         CU_Q, START_Q, CU_KV, START_KV, bid, S_Q, S_KV, HAS_LENS, VARLEN, BOTTOM_RIGHT
     )
     bid64 = bid.to(tl.int64)
-    q_base = Q + bid64 * stride_qb + hid.to(tl.int64) * stride_qh + start_q * stride_qs
+    h64 = hid.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    # 64-bit scalar bases (row m0 / key 0 of this sequence and head), 32-bit in-block offsets.
+    q_base = Q + bid64 * stride_qb + h64 * stride_qh + (start_q + m0) * stride_qs
     k_base = K + bid64 * stride_kb + kvh.to(tl.int64) * stride_kh + start_kv * stride_ks
     v_base = V + bid64 * stride_vb + kvh.to(tl.int64) * stride_vh + start_kv * stride_vs
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rm = _rows(BLOCK_M, IDX64)
+    rn = _rows(BLOCK_N, IDX64)
+    offs_m = m0 + rm
     offs_dqk = tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(
-        q_base + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd,
+        q_base + rm[:, None] * stride_qs + offs_dqk[None, :] * stride_qd,
         mask=(offs_m[:, None] < len_q) & (offs_dqk[None, :] < D_QK),
         other=0.0,
     )
     if UPCAST:
         q = q.to(tl.float32)
+    kt_offs = rn[None, :] * stride_ks + offs_dqk[:, None] * stride_kd
+    v_offs = rn[:, None] * stride_vs + offs_dv[None, :] * stride_vd
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     lo, b1, b2, hi = _key_range(
         m0, len_q, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N
     )
-    for n0 in range(lo, b1, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(
-            acc, l_i, m_i, q, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(b1, b2, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(
-            acc, l_i, m_i, q, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, False, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(b2, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(
-            acc, l_i, m_i, q, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
+    # One pipelined loop over the key blocks; only blocks outside [b1, b2) are masked.
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + rn
+        in_kv = offs_n < len_kv
+        n64 = tl.cast(n0, tl.int64)
+        kt = tl.load(
+            k_base + n64 * stride_ks + kt_offs,
+            mask=in_kv[None, :] & (offs_dqk[:, None] < D_QK),
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + n64 * stride_vs + v_offs,
+            mask=in_kv[:, None] & (offs_dv[None, :] < D_V),
+            other=0.0,
+        )
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=DOT_PREC) * scale_log2
+        if (n0 < b1) | (n0 >= b2):
+            ok = _visible(
+                offs_m, offs_n, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT
+            )
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if UPCAST:
+            pv = p.to(V.dtype.element_ty).to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            pv = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PREC)
+        m_i = m_new
     live = (l_i > 0.0) & (offs_m < len_q)
     l_safe = tl.where(live, l_i, 1.0)
     out = tl.where(live[:, None], acc / l_safe[:, None], 0.0)
     m_fin = tl.where(live, m_i, 0.0)
     lse = tl.where(live, (m_fin + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     rows = offs_m < store_q
-    o_base = OUT + bid64 * stride_ob + hid.to(tl.int64) * stride_oh + start_q * stride_os
+    o_base = OUT + bid64 * stride_ob + h64 * stride_oh + (start_q + m0) * stride_os
     tl.store(
-        o_base + offs_m[:, None] * stride_os + offs_dv[None, :] * stride_od,
+        o_base + rm[:, None] * stride_os + offs_dv[None, :] * stride_od,
         out.to(OUT.dtype.element_ty),
         mask=rows[:, None] & (offs_dv[None, :] < D_V),
     )
-    l_base = LSE + bid64 * stride_lb + hid.to(tl.int64) * stride_lh + start_q * stride_ls
-    tl.store(l_base + offs_m * stride_ls, lse, mask=rows)
+    l_base = LSE + bid64 * stride_lb + h64 * stride_lh + (start_q + m0) * stride_ls
+    tl.store(l_base + rm * stride_ls, lse, mask=rows)
 
 
 @_jit
@@ -339,10 +367,9 @@ def _bwd_delta_kernel(
     stride_lb, stride_lh, stride_ls,
     S_Q, H,
     D_V: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_LENS: tl.constexpr, VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    IDX64: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program(S_Q, BLOCK_M)
     bid = pid_bh // H
     hid = pid_bh % H
     len_q, _len_kv, start_q, _start_kv, store_q, _store_kv, _off = _seq_info(
@@ -350,63 +377,28 @@ def _bwd_delta_kernel(
     )
     bid64 = bid.to(tl.int64)
     h64 = hid.to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m0 = pid_m * BLOCK_M
+    rm = _rows(BLOCK_M, IDX64)
+    offs_m = m0 + rm
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = (offs_m[:, None] < len_q) & (offs_dv[None, :] < D_V)
+    row0 = start_q + m0
     o = tl.load(
-        OUT + bid64 * stride_ob + h64 * stride_oh + (start_q + offs_m[:, None]) * stride_os
-        + offs_dv[None, :] * stride_od,
+        OUT + bid64 * stride_ob + h64 * stride_oh + row0 * stride_os
+        + (rm[:, None] * stride_os + offs_dv[None, :] * stride_od),
         mask=mask, other=0.0,
     )  # fmt: skip
     do = tl.load(
-        DO + bid64 * stride_db + h64 * stride_dh + (start_q + offs_m[:, None]) * stride_ds
-        + offs_dv[None, :] * stride_dd,
+        DO + bid64 * stride_db + h64 * stride_dh + row0 * stride_ds
+        + (rm[:, None] * stride_ds + offs_dv[None, :] * stride_dd),
         mask=mask, other=0.0,
     )  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(
-        DELTA + bid64 * stride_lb + h64 * stride_lh + (start_q + offs_m) * stride_ls,
+        DELTA + bid64 * stride_lb + h64 * stride_lh + row0 * stride_ls + rm * stride_ls,
         delta,
         mask=offs_m < store_q,
     )
-
-
-@_jit
-def _bwd_dq_block(
-    dq, q, do, lse2, delta, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks, stride_kd,
-    stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-    D_QK: tl.constexpr, D_V: tl.constexpr, MASK: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    in_kv = offs_n < len_kv
-    k = tl.load(
-        k_base + offs_n[:, None] * stride_ks + offs_dqk[None, :] * stride_kd,
-        mask=in_kv[:, None] & (offs_dqk[None, :] < D_QK),
-        other=0.0,
-    )
-    vt = tl.load(
-        v_base + offs_n[None, :] * stride_vs + offs_dv[:, None] * stride_vd,
-        mask=in_kv[None, :] & (offs_dv[:, None] < D_V),
-        other=0.0,
-    )
-    if UPCAST:
-        k = k.to(tl.float32)
-        vt = vt.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2
-    p = tl.math.exp2(s - lse2[:, None])
-    if MASK:
-        ok = _visible(offs_m, offs_n, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT)
-        p = tl.where(ok, p, 0.0)
-    dp = tl.dot(do, vt, input_precision=DOT_PREC)
-    ds = p * (dp - delta[:, None])
-    if UPCAST:
-        ds = ds.to(k_base.dtype.element_ty).to(tl.float32)
-    else:
-        ds = ds.to(k.dtype)
-    dq += tl.dot(ds, k, input_precision=DOT_PREC)
-    return dq
 
 
 @_jit
@@ -422,11 +414,10 @@ def _bwd_dq_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, VARLEN: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _program(S_Q, BLOCK_M)
     bid = pid_bh // H
     hid = pid_bh % H
     kvh = hid // GROUP
@@ -435,111 +426,77 @@ def _bwd_dq_kernel(
     )
     bid64 = bid.to(tl.int64)
     h64 = hid.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    row0 = start_q + m0
     k_base = K + bid64 * stride_kb + kvh.to(tl.int64) * stride_kh + start_kv * stride_ks
     v_base = V + bid64 * stride_vb + kvh.to(tl.int64) * stride_vh + start_kv * stride_vs
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rm = _rows(BLOCK_M, IDX64)
+    rn = _rows(BLOCK_N, IDX64)
+    offs_m = m0 + rm
     offs_dqk = tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_q = offs_m < len_q
     q = tl.load(
-        Q + bid64 * stride_qb + h64 * stride_qh + (start_q + offs_m[:, None]) * stride_qs
-        + offs_dqk[None, :] * stride_qd,
+        Q + bid64 * stride_qb + h64 * stride_qh + row0 * stride_qs
+        + (rm[:, None] * stride_qs + offs_dqk[None, :] * stride_qd),
         mask=in_q[:, None] & (offs_dqk[None, :] < D_QK), other=0.0,
     )  # fmt: skip
     do = tl.load(
-        DO + bid64 * stride_dob + h64 * stride_doh + (start_q + offs_m[:, None]) * stride_dos
-        + offs_dv[None, :] * stride_dod,
+        DO + bid64 * stride_dob + h64 * stride_doh + row0 * stride_dos
+        + (rm[:, None] * stride_dos + offs_dv[None, :] * stride_dod),
         mask=in_q[:, None] & (offs_dv[None, :] < D_V), other=0.0,
     )  # fmt: skip
-    l_offs = bid64 * stride_lb + h64 * stride_lh + (start_q + offs_m) * stride_ls
-    lse = tl.load(LSE + l_offs, mask=in_q, other=float("-inf"))
+    l_ptr = bid64 * stride_lb + h64 * stride_lh + row0 * stride_ls + rm * stride_ls
+    lse = tl.load(LSE + l_ptr, mask=in_q, other=float("-inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(DELTA + l_offs, mask=in_q, other=0.0)
+    delta = tl.load(DELTA + l_ptr, mask=in_q, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+    k_offs = rn[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+    vt_offs = rn[None, :] * stride_vs + offs_dv[:, None] * stride_vd
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
     lo, b1, b2, hi = _key_range(
         m0, len_q, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N
     )
-    for n0 in range(lo, b1, BLOCK_N):
-        dq = _bwd_dq_block(
-            dq, q, do, lse2, delta, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(b1, b2, BLOCK_N):
-        dq = _bwd_dq_block(
-            dq, q, do, lse2, delta, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, False, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
-    for n0 in range(b2, hi, BLOCK_N):
-        dq = _bwd_dq_block(
-            dq, q, do, lse2, delta, k_base, v_base, n0, offs_m, offs_dqk, offs_dv, stride_ks,
-            stride_kd, stride_vs, stride_vd, len_kv, off, window_left, window_right, scale_log2,
-            D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_N,
-        )  # fmt: skip
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + rn
+        in_kv = offs_n < len_kv
+        n64 = tl.cast(n0, tl.int64)
+        k = tl.load(
+            k_base + n64 * stride_ks + k_offs,
+            mask=in_kv[:, None] & (offs_dqk[None, :] < D_QK),
+            other=0.0,
+        )
+        vt = tl.load(
+            v_base + n64 * stride_vs + vt_offs,
+            mask=in_kv[None, :] & (offs_dv[:, None] < D_V),
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale_log2
+        p = tl.math.exp2(s - lse2[:, None])
+        if (n0 < b1) | (n0 >= b2):
+            ok = _visible(
+                offs_m, offs_n, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT
+            )
+            p = tl.where(ok, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=DOT_PREC)
+        ds = p * (dp - delta[:, None])
+        if UPCAST:
+            ds = ds.to(K.dtype.element_ty).to(tl.float32)
+        else:
+            ds = ds.to(k.dtype)
+        dq += tl.dot(ds, k, input_precision=DOT_PREC)
     dq = tl.where(in_q[:, None], dq * softmax_scale, 0.0)
     tl.store(
-        DQ + bid64 * stride_dqb + h64 * stride_dqh + (start_q + offs_m[:, None]) * stride_dqs
-        + offs_dqk[None, :] * stride_dqd,
+        DQ + bid64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs
+        + (rm[:, None] * stride_dqs + offs_dqk[None, :] * stride_dqd),
         dq.to(DQ.dtype.element_ty),
         mask=(offs_m[:, None] < store_q) & (offs_dqk[None, :] < D_QK),
     )  # fmt: skip
-
-
-@_jit
-def _bwd_dkdv_block(
-    dk, dv, k, v, q_base, do_base, l_base, d_base, m0, offs_n, offs_dqk, offs_dv,
-    stride_qs, stride_qd, stride_dos, stride_dod, stride_ls, len_q, len_kv, off,
-    window_left, window_right, scale_log2,
-    D_QK: tl.constexpr, D_V: tl.constexpr, MASK: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    in_q = offs_m < len_q
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd,
-        mask=in_q[:, None] & (offs_dqk[None, :] < D_QK),
-        other=0.0,
-    )
-    do = tl.load(
-        do_base + offs_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
-        mask=in_q[:, None] & (offs_dv[None, :] < D_V),
-        other=0.0,
-    )
-    lse = tl.load(l_base + offs_m * stride_ls, mask=in_q, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(d_base + offs_m * stride_ls, mask=in_q, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    st = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * scale_log2  # [BLOCK_N, BLOCK_M]
-    pt = tl.math.exp2(st - lse2[None, :])
-    if MASK:
-        diag = offs_m[None, :] + off - offs_n[:, None]
-        ok = offs_n[:, None] < len_kv
-        if HAS_RIGHT:
-            ok = ok & (diag >= -window_right)
-        if HAS_LEFT:
-            ok = ok & (diag <= window_left)
-        pt = tl.where(ok, pt, 0.0)
-    if UPCAST:
-        pr = pt.to(q_base.dtype.element_ty).to(tl.float32)
-    else:
-        pr = pt.to(q.dtype)
-    dv += tl.dot(pr, do, input_precision=DOT_PREC)
-    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
-    dst = pt * (dpt - delta[None, :])
-    if UPCAST:
-        dst = dst.to(q_base.dtype.element_ty).to(tl.float32)
-    else:
-        dst = dst.to(q.dtype)
-    dk += tl.dot(dst, q, input_precision=DOT_PREC)
-    return dk, dv
 
 
 @_jit
@@ -556,11 +513,10 @@ def _bwd_dkdv_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, VARLEN: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n, pid_bh = _program(S_KV, BLOCK_N)
     # NPROG_H programs per sequence along heads; program pid_h reads kv head pid_h // KV_DIV,
     # handles q heads pid_h * LOOP ... + LOOP - 1 and writes dK/dV head pid_h. Grouped:
     # (h_kv, GROUP, 1), split into per-q-head partials: (h, 1, GROUP).
@@ -573,133 +529,280 @@ def _bwd_dkdv_kernel(
     p64 = pid_h.to(tl.int64)
     g64 = (pid_h // KV_DIV).to(tl.int64)
     n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    col0 = start_kv + n0
+    rm = _rows(BLOCK_M, IDX64)
+    rn = _rows(BLOCK_N, IDX64)
+    offs_n = n0 + rn
     offs_dqk = tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_kv = offs_n < len_kv
     k = tl.load(
-        K + bid64 * stride_kb + g64 * stride_kh + (start_kv + offs_n[:, None]) * stride_ks
-        + offs_dqk[None, :] * stride_kd,
+        K + bid64 * stride_kb + g64 * stride_kh + col0 * stride_ks
+        + (rn[:, None] * stride_ks + offs_dqk[None, :] * stride_kd),
         mask=in_kv[:, None] & (offs_dqk[None, :] < D_QK), other=0.0,
     )  # fmt: skip
     v = tl.load(
-        V + bid64 * stride_vb + g64 * stride_vh + (start_kv + offs_n[:, None]) * stride_vs
-        + offs_dv[None, :] * stride_vd,
+        V + bid64 * stride_vb + g64 * stride_vh + col0 * stride_vs
+        + (rn[:, None] * stride_vs + offs_dv[None, :] * stride_vd),
         mask=in_kv[:, None] & (offs_dv[None, :] < D_V), other=0.0,
     )  # fmt: skip
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    q_offs = rm[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+    do_offs = rm[:, None] * stride_dos + offs_dv[None, :] * stride_dod
     dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     lo, b1, b2, hi = _query_range(
         n0, len_q, len_kv, off, window_left, window_right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N
     )
-    # The q heads of this program, in a fixed order: deterministic, no atomics.
-    for i in range(0, LOOP):
+    n_blocks = tl.cdiv(hi - lo, BLOCK_M)
+    # One pipelined loop over (q head of this program, query block), in a fixed order:
+    # deterministic, no atomics; only blocks outside [b1, b2) are masked.
+    for t in range(0, n_blocks * LOOP):
+        i = t // n_blocks
+        m0 = lo + (t - i * n_blocks) * BLOCK_M
         h64 = p64 * LOOP + i
-        q_base = Q + bid64 * stride_qb + h64 * stride_qh + start_q * stride_qs
-        do_base = DO + bid64 * stride_dob + h64 * stride_doh + start_q * stride_dos
-        l_base = LSE + bid64 * stride_lb + h64 * stride_lh + start_q * stride_ls
-        d_base = DELTA + bid64 * stride_lb + h64 * stride_lh + start_q * stride_ls
-        for m0 in range(lo, b1, BLOCK_M):
-            dk, dv = _bwd_dkdv_block(
-                dk, dv, k, v, q_base, do_base, l_base, d_base, m0, offs_n, offs_dqk, offs_dv,
-                stride_qs, stride_qd, stride_dos, stride_dod, stride_ls, len_q, len_kv, off,
-                window_left, window_right, scale_log2,
-                D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_M,
-            )  # fmt: skip
-        for m0 in range(b1, b2, BLOCK_M):
-            dk, dv = _bwd_dkdv_block(
-                dk, dv, k, v, q_base, do_base, l_base, d_base, m0, offs_n, offs_dqk, offs_dv,
-                stride_qs, stride_qd, stride_dos, stride_dod, stride_ls, len_q, len_kv, off,
-                window_left, window_right, scale_log2,
-                D_QK, D_V, False, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_M,
-            )  # fmt: skip
-        for m0 in range(b2, hi, BLOCK_M):
-            dk, dv = _bwd_dkdv_block(
-                dk, dv, k, v, q_base, do_base, l_base, d_base, m0, offs_n, offs_dqk, offs_dv,
-                stride_qs, stride_qd, stride_dos, stride_dod, stride_ls, len_q, len_kv, off,
-                window_left, window_right, scale_log2,
-                D_QK, D_V, True, HAS_LEFT, HAS_RIGHT, UPCAST, DOT_PREC, BLOCK_M,
-            )  # fmt: skip
+        row0 = start_q + m0
+        offs_m = m0 + rm
+        in_q = offs_m < len_q
+        q = tl.load(
+            Q + bid64 * stride_qb + h64 * stride_qh + row0 * stride_qs + q_offs,
+            mask=in_q[:, None] & (offs_dqk[None, :] < D_QK),
+            other=0.0,
+        )
+        do = tl.load(
+            DO + bid64 * stride_dob + h64 * stride_doh + row0 * stride_dos + do_offs,
+            mask=in_q[:, None] & (offs_dv[None, :] < D_V),
+            other=0.0,
+        )
+        l_ptr = bid64 * stride_lb + h64 * stride_lh + row0 * stride_ls + rm * stride_ls
+        lse = tl.load(LSE + l_ptr, mask=in_q, other=float("-inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        delta = tl.load(DELTA + l_ptr, mask=in_q, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        st = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * scale_log2  # [BLOCK_N, BLOCK_M]
+        pt = tl.math.exp2(st - lse2[None, :])
+        if (m0 < b1) | (m0 >= b2):
+            diag = offs_m[None, :] + off - offs_n[:, None]
+            ok = offs_n[:, None] < len_kv
+            if HAS_RIGHT:
+                ok = ok & (diag >= -window_right)
+            if HAS_LEFT:
+                ok = ok & (diag <= window_left)
+            pt = tl.where(ok, pt, 0.0)
+        if UPCAST:
+            pr = pt.to(Q.dtype.element_ty).to(tl.float32)
+        else:
+            pr = pt.to(q.dtype)
+        dv += tl.dot(pr, do, input_precision=DOT_PREC)
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        dst = pt * (dpt - delta[None, :])
+        if UPCAST:
+            dst = dst.to(Q.dtype.element_ty).to(tl.float32)
+        else:
+            dst = dst.to(q.dtype)
+        dk += tl.dot(dst, q, input_precision=DOT_PREC)
     dk = tl.where(in_kv[:, None], dk * softmax_scale, 0.0)
     dv = tl.where(in_kv[:, None], dv, 0.0)
     rows = offs_n < store_kv
     tl.store(
-        DK + bid64 * stride_dkb + p64 * stride_dkh + (start_kv + offs_n[:, None]) * stride_dks
-        + offs_dqk[None, :] * stride_dkd,
+        DK + bid64 * stride_dkb + p64 * stride_dkh + col0 * stride_dks
+        + (rn[:, None] * stride_dks + offs_dqk[None, :] * stride_dkd),
         dk.to(DK.dtype.element_ty),
         mask=rows[:, None] & (offs_dqk[None, :] < D_QK),
     )  # fmt: skip
     tl.store(
-        DV + bid64 * stride_dvb + p64 * stride_dvh + (start_kv + offs_n[:, None]) * stride_dvs
-        + offs_dv[None, :] * stride_dvd,
+        DV + bid64 * stride_dvb + p64 * stride_dvh + col0 * stride_dvs
+        + (rn[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd),
         dv.to(DV.dtype.element_ty),
         mask=rows[:, None] & (offs_dv[None, :] < D_V),
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
-# Launchers
+# Tiles and launchers
 # --------------------------------------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages). Configs that do not fit the device (shared memory)
-# fail to launch and are skipped by the autotuner; the last one of each list is the small
-# fallback that fits every case (head dim 256, fp32) on sm80 and newer.
-_FWD_CONFIGS = (
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2),
-    (32, 32, 4, 1),
-)  # fmt: skip
-_DQ_CONFIGS = ((128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1))
-_DKDV_CONFIGS = ((64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 2), (32, 32, 4, 1))
-_TUNE_KEY = ["D_QK", "D_V", "IS_CAUSAL"]  # the autotuner adds the tensors' dtypes itself
+#: The tiles the tuner may pick, per kernel and head-dim class (the larger padded head dim:
+#: <= 64, <= 128, <= 256); the last of each list is the smallest. Every kept config at head dim
+#: <= 128 compiles for sm80 and sm90 within :data:`SPILL_TARGET` (checked by
+#: ``benchmarks/bench_kernel_resources.py`` and ``tests/kernels/test_kernel_resources.py``);
+#: configs that spilled more were dropped (:data:`DROPPED`). Head dim 256 keeps small fallback
+#: tiles (bigger ones overflow shared memory). A config that does not fit the device (shared
+#: memory) fails to launch and the tuner skips it.
+_CONFIGS: dict[str, dict[int, tuple[Config, ...]]] = {
+    "fwd": {
+        64: (Config(128, 64, 4, 3), Config(128, 64, 8, 3), Config(64, 64, 4, 3),
+             Config(64, 32, 4, 2), Config(32, 32, 4, 1)),
+        128: (Config(128, 64, 8, 3), Config(64, 64, 4, 3), Config(64, 32, 4, 3),
+              Config(32, 64, 4, 2), Config(32, 32, 4, 2)),
+        256: (Config(64, 32, 4, 2), Config(32, 32, 4, 1)),
+    },
+    "dq": {
+        64: (Config(128, 64, 8, 2), Config(128, 32, 4, 2), Config(64, 64, 4, 3),
+             Config(64, 32, 4, 2), Config(32, 32, 4, 1)),
+        128: (Config(64, 64, 4, 3), Config(64, 32, 4, 2), Config(32, 32, 4, 1)),
+        256: (Config(64, 32, 4, 2), Config(32, 32, 4, 1)),
+    },
+    "dkdv": {
+        64: (Config(32, 128, 8, 2), Config(32, 64, 4, 2), Config(32, 32, 4, 1)),
+        128: (Config(64, 64, 4, 3), Config(32, 64, 4, 2), Config(32, 32, 4, 1)),
+        256: (Config(32, 32, 4, 1),),
+    },
+}  # fmt: skip
+#: Measured over :data:`SPILL_TARGET` (or at it) on sm80 or sm90 with triton 3.7.1 and left out
+#: of :data:`_CONFIGS`; the resource benchmark compiles them too, to show why.
+DROPPED: dict[str, dict[int, tuple[Config, ...]]] = {
+    "fwd": {64: (Config(128, 128, 8, 3),),  # sm80: 24 B
+            128: (Config(128, 64, 4, 3), Config(128, 128, 8, 3),  # sm80: 616-896 B
+                  Config(64, 32, 4, 2), Config(32, 32, 4, 1))},  # 8 B (sm80 / sm90 causal)
+    "dq": {128: (Config(128, 64, 8, 2),  # sm80 causal: 976 B
+                 Config(128, 32, 4, 2))},  # sm80 causal: 256 B, 255 registers (no margin)
+    "dkdv": {64: (Config(64, 128, 8, 2), Config(64, 64, 4, 3)),  # sm80: 32 regs, ~2,900 B
+             128: (Config(64, 128, 8, 2), Config(32, 128, 8, 2))},  # sm80: 3,200-5,800 B
+}  # fmt: skip
+#: fp32 inputs (no tensor cores with input_precision="ieee": big tiles spill heavily and take
+#: minutes to compile): the small tile only.
+_FP32_CONFIGS = (Config(32, 32, 4, 1),)
+#: Spill (stack) bytes a kept config may use at head dim <= 128, on sm80 and sm90.
+SPILL_TARGET = {"fwd": 0, "dq": 256, "dkdv": 256}
+#: Rows per program of the delta preprocess kernel (not tuned).
+_DELTA_BLOCK = 64
+#: CUDA's grid limit along x; every kernel folds (row block, batch x head) onto that axis.
+MAX_PROGRAMS = 2**31 - 1
+#: Largest BLOCK_M / BLOCK_N / head-dim block any launch uses (bounds in-block offsets).
+_MAX_BLOCK = 256
+_KERNELS = {"fwd": "_fwd_kernel", "delta": "_bwd_delta_kernel", "dq": "_bwd_dq_kernel",
+            "dkdv": "_bwd_dkdv_kernel"}  # fmt: skip
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """fp32 (no tensor cores with input_precision="ieee": big tiles spill heavily and take
-    minutes to compile) gets the small fallback tile only; head dims > 128 keep tiles of at
-    most 64 x 64 (bigger ones overflow shared memory)."""
-    limit = None
-    if named_args["Q"].dtype == torch.float32:
-        limit = 32 * 32
-    elif max(kwargs["BLOCK_DQK"], kwargs["BLOCK_DV"]) > 128:
-        limit = 64 * 64
-    if limit is None:
-        return configs
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= limit]
-    return kept or list(configs[-1:])
+def head_dim_class(d_qk: int, d_v: int) -> int:
+    """64, 128 or 256: the config list for head dims (d_qk, d_v)."""
+    d = max(d_qk, d_v)
+    return 64 if d <= 64 else 128 if d <= 128 else 256
+
+
+def configs(kernel: str, dtype: torch.dtype | str, d_qk: int, d_v: int) -> tuple[Config, ...]:
+    """The tiles the tuner may pick for ``kernel`` (``fwd``, ``dq``, ``dkdv``)."""
+    name = _DTYPES.get(dtype, dtype) if isinstance(dtype, torch.dtype) else dtype
+    if name == "fp32":
+        return _FP32_CONFIGS
+    return _CONFIGS[kernel][head_dim_class(d_qk, d_v)]
 
 
 @functools.cache
-def _tuned(name: str):
-    kernel, configs = {
-        "fwd": (_fwd_kernel, _FWD_CONFIGS),
-        "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
-        "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
-    }[name]
-    return triton.autotune(
-        configs=[
-            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in configs
-        ],
-        key=_TUNE_KEY,
-        prune_configs_by={"early_config_prune": _prune_configs},
-    )(kernel)
+def code_digest() -> str:
+    """Digest of this kernel's source and the Triton version: part of every tuning key, so a
+    changed kernel or compiler never reuses an old choice."""
+    with open(__file__, "rb") as fh:
+        h = hashlib.sha256(fh.read())
+    h.update(str(getattr(triton, "__version__", None)).encode())
+    return h.hexdigest()[:32]
 
 
-def _launch(name: str, rows: int, batch_heads: int, args: tuple, consts: dict) -> None:
-    """Launch kernel ``name`` over ``cdiv(rows, block) x batch_heads`` programs."""
+def _kernel(name: str) -> Any:
+    """The JIT kernel ``name`` (looked up at launch: tests swap in a launch double)."""
+    return globals()[_KERNELS[name]]
+
+
+def _grid(rows: int, batch_heads: int, block: int) -> tuple[int]:
+    """(row blocks x batch*heads,) on grid axis x (axes y and z stop at 65,535)."""
+    programs = triton.cdiv(rows, block) * batch_heads
+    if programs > MAX_PROGRAMS:
+        raise ValueError(f"{programs} programs ({rows} rows in blocks of {block} x {batch_heads} "
+                         f"batch*heads) exceed CUDA's grid limit {MAX_PROGRAMS}")  # fmt: skip
+    return (programs,)
+
+
+def _launch_errors() -> tuple[type[BaseException], ...]:
+    """What a config that does not fit the device raises at compile / launch."""
+    from triton.runtime import errors
+
+    return tuple(getattr(errors, n) for n in ("OutOfResources", "PTXASError") if hasattr(errors, n))
+
+
+def _launch(name: str, p: _Plan, rows: int, batch_heads: int, args: tuple, consts: dict,
+            split: bool = False) -> None:  # fmt: skip
+    """Launch kernel ``name`` over ``cdiv(rows, block) * batch_heads`` programs: the
+    interpreter's fixed tile, else the tuned one on the GPU."""
     if rows <= 0 or batch_heads <= 0:
         return
-    axis = "BLOCK_N" if name == "dkdv" else "BLOCK_M"
+    kernel = _kernel(name)
     if _interpreting():
-        kernel = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}[name]
-        blocks = {"BLOCK_M": _INTERPRET_BLOCKS[0], "BLOCK_N": _INTERPRET_BLOCKS[1]}
-        kernel[(triton.cdiv(rows, blocks[axis]), batch_heads)](*args, **consts, **blocks)
+        block_m, block_n = _INTERPRET_BLOCKS
+        grid = _grid(rows, batch_heads, block_n if name == "dkdv" else block_m)
+        kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n)
         return
-    with torch.cuda.device(args[0].device):
-        _tuned(name)[lambda meta: (triton.cdiv(rows, meta[axis]), batch_heads)](*args, **consts)
+    _launch_gpu(name, kernel, p, rows, batch_heads, args, consts, split)
+
+
+def _launch_gpu(name: str, kernel: Any, p: _Plan, rows: int, batch_heads: int, args: tuple,
+                consts: dict, split: bool) -> None:
+    """The compiled launch on ``args[0]``'s GPU with the tile :mod:`.tuning` picks for this
+    problem's key (timed on the first launch of a key unless the store knows it). Never ran on
+    a GPU."""
+    device = args[0].device
+    with torch.cuda.device(device):  # gpu-only
+        cands = configs(name, args[0].dtype, consts["D_QK"], consts["D_V"])
+
+        def run(cfg: Config) -> None:
+            grid = _grid(rows, batch_heads, cfg.block_n if name == "dkdv" else cfg.block_m)
+            kernel[grid](*args, **consts, **cfg.launch_meta())
+
+        key = _tune_key(name, p, device, args[0].dtype, consts, batch_heads, split)
+        timing = not torch.cuda.is_current_stream_capturing()  # no timing inside a CUDA graph
+        run(tuning.tuner().choose(key, cands, run, skip=_launch_errors(), can_time=timing))
+
+
+def _tune_key(name: str, p: _Plan, device: torch.device, dtype: torch.dtype, consts: dict,
+              batch_heads: int, split: bool) -> tuning.TuneKey:
+    """The tuning key of a launch (see :class:`~.tuning.TuneKey`). Never ran on a GPU."""
+    props = torch.cuda.get_device_properties(device)  # gpu-only
+    span = 0
+    if p.left >= 0 and p.right >= 0:
+        span = tuning.bucket(p.left + p.right + 1, 1, tuning.ROWS_MAX)
+    return tuning.TuneKey(
+        kernel=name, device=str(props.name), sm=10 * props.major + props.minor,
+        sm_count=int(props.multi_processor_count),
+        memory_gib=round(props.total_memory / 2**30, 1), code=code_digest(),
+        dtype=_DTYPES[dtype], d_qk=consts["D_QK"], d_v=consts["D_V"], causal=p.causal,
+        window_left=p.left >= 0, window_right=p.right >= 0, window_span=span,
+        bottom_right=p.bottom_right, lens=p.has_lens, varlen=p.varlen,
+        group=tuning.bucket(p.heads // p.kv_heads, 1, 64), gqa_split=split,
+        rows_q=tuning.bucket(p.rows_q), rows_kv=tuning.bucket(p.rows_kv),
+        programs=tuning.bucket(batch_heads, tuning.PROGRAMS_MIN, tuning.PROGRAMS_MAX),
+    )  # fmt: skip
+
+
+def _launch_delta(p: _Plan, args: tuple, consts: dict) -> None:
+    """The delta preprocess kernel (fixed tile)."""
+    if p.rows_q <= 0 or p.batch * p.heads <= 0:
+        return
+    kernel = _kernel("delta")
+    block = _INTERPRET_BLOCKS[0] if _interpreting() else _DELTA_BLOCK
+    grid = _grid(p.rows_q, p.batch * p.heads, block)
+    if _interpreting():
+        kernel[grid](*args, **consts, BLOCK_M=block)
+        return
+    with torch.cuda.device(args[0].device):  # gpu-only
+        kernel[grid](*args, **consts, BLOCK_M=block, num_warps=4)
+
+
+def _idx64(p: _Plan, tensors: tuple[torch.Tensor, ...], lses: tuple[torch.Tensor, ...]) -> bool:
+    """Can an in-block offset (``row * seq_stride + col * dim_stride`` within one tile) pass
+    2^31? Only for sequence strides of about 2^23 elements and more; then the kernels index in
+    64 bits throughout. Offsets of blocks, sequences, heads and batches are always 64-bit."""
+    rows = max(_MAX_BLOCK, *_INTERPRET_BLOCKS) - 1
+    worst = 0
+    for x in tensors:
+        _, s, _, d = p.strides(x)
+        worst = max(worst, rows * abs(s) + (_MAX_BLOCK - 1) * abs(d))
+    for x in lses:
+        worst = max(worst, rows * abs(p.lse_strides(x)[2]))
+    return worst >= 2**31
 
 
 def _bad(name: str, value: Any, expected: str) -> NoReturn:
@@ -736,7 +839,7 @@ class _Plan:
         start_kv = self.start_kv if self.start_kv is not None else cu_kv
         return cu_q, start_q, cu_kv, start_kv
 
-    def consts(self, d_qk: int, d_v: int, dtype: torch.dtype) -> dict:
+    def consts(self, d_qk: int, d_v: int, dtype: torch.dtype, idx64: bool) -> dict:
         upcast = _interpreting()
         return {
             "D_QK": d_qk,
@@ -750,6 +853,7 @@ class _Plan:
             "HAS_LEFT": self.left >= 0,
             "HAS_RIGHT": self.right >= 0,
             "UPCAST": upcast,
+            "IDX64": idx64,
             # fp32 operands: exact fp32 products (no TF32); 16-bit: the backend default.
             "DOT_PREC": "ieee" if (upcast or dtype == torch.float32) else None,
         }
@@ -800,7 +904,7 @@ def _plan(
             _bad(f"{name}.device", t.device, f"{q.device} like q")
         if t.dim() != ndim:
             _bad(f"{name}.shape", tuple(t.shape), f"{ndim} dims for qkv_format={qkv_format!r}")
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != _gpu_tensor_type() and not _interpreting():
         _bad("q.device", q.device, "a CUDA device (or TRITON_INTERPRET=1 for CPU tensors)")
     d_qk, d_v = q.shape[-1], v.shape[-1]
     if k.shape[-1] != d_qk:
@@ -914,7 +1018,8 @@ def _forward(q, k, v, p: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
         p.rows_q, p.rows_kv, p.heads, p.heads // p.kv_heads, max(p.left, 0), max(p.right, 0),
         p.scale * _LOG2E,
     )  # fmt: skip
-    _launch("fwd", p.rows_q, p.batch * p.heads, args, p.consts(q.shape[-1], v.shape[-1], q.dtype))
+    consts = p.consts(q.shape[-1], v.shape[-1], q.dtype, _idx64(p, (q, k, v, out), (lse,)))
+    _launch("fwd", p, p.rows_q, p.batch * p.heads, args, consts)
     return out, lse
 
 
@@ -927,10 +1032,10 @@ def _split_gqa(p: _Plan, device: torch.device) -> bool:
         return False
     if _GQA_SPLIT is not None:
         return _GQA_SPLIT
-    if device.type != "cuda":
+    if _interpreting():  # no SMs to fill
         return False
-    programs = p.batch * p.kv_heads * triton.cdiv(p.rows_kv, 64)
-    return programs < 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count  # gpu-only
+    return p.batch * p.kv_heads * triton.cdiv(p.rows_kv, 64) < 2 * sms
 
 
 def _backward(q, k, v, out, lse, do, p: _Plan) -> tuple[torch.Tensor, ...]:
@@ -947,26 +1052,15 @@ def _backward(q, k, v, out, lse, do, p: _Plan) -> tuple[torch.Tensor, ...]:
         dk, dv = new(k), new(v)
     delta = torch.empty_like(lse)
     seq = p.seq_args(lse)
-    consts = p.consts(q.shape[-1], v.shape[-1], q.dtype)
-    if p.rows_q > 0 and p.batch * p.heads > 0:
-        block = _INTERPRET_BLOCKS[0] if _interpreting() else 64
-        grid = (triton.cdiv(p.rows_q, block), p.batch * p.heads)
-        delta_args = (
-            out, do, delta, seq[0], seq[1], *p.strides(out), *p.strides(do),
-            *p.lse_strides(lse), p.rows_q, p.heads,
-        )  # fmt: skip
-        delta_consts = {
-            "D_V": v.shape[-1],
-            "BLOCK_DV": consts["BLOCK_DV"],
-            "HAS_LENS": p.has_lens,
-            "VARLEN": p.varlen,
-            "BLOCK_M": block,
-        }
-        if _interpreting():
-            _bwd_delta_kernel[grid](*delta_args, **delta_consts)
-        else:
-            with torch.cuda.device(q.device):
-                _bwd_delta_kernel[grid](*delta_args, **delta_consts)
+    idx64 = _idx64(p, (q, k, v, out, do, dq, dk, dv), (lse, delta))
+    consts = p.consts(q.shape[-1], v.shape[-1], q.dtype, idx64)
+    delta_args = (
+        out, do, delta, seq[0], seq[1], *p.strides(out), *p.strides(do), *p.lse_strides(lse),
+        p.rows_q, p.heads,
+    )  # fmt: skip
+    delta_consts = {"D_V": v.shape[-1], "BLOCK_DV": consts["BLOCK_DV"], "HAS_LENS": p.has_lens,
+                    "VARLEN": p.varlen, "IDX64": idx64}  # fmt: skip
+    _launch_delta(p, delta_args, delta_consts)
     common = (p.rows_q, p.rows_kv)
     mask = (max(p.left, 0), max(p.right, 0), p.scale * _LOG2E, p.scale)
     dq_args = (
@@ -974,14 +1068,14 @@ def _backward(q, k, v, out, lse, do, p: _Plan) -> tuple[torch.Tensor, ...]:
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq),
         *p.lse_strides(lse), *common, p.heads, group, *mask,
     )  # fmt: skip
-    _launch("dq", p.rows_q, p.batch * p.heads, dq_args, consts)
+    _launch("dq", p, p.rows_q, p.batch * p.heads, dq_args, consts)
     heads = (p.heads, 1, group) if split else (p.kv_heads, group, 1)
     dkdv_args = (
         q, k, v, do, dk, dv, lse, delta, *seq,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk),
         *p.strides(dv), *p.lse_strides(lse), *common, *heads, *mask,
     )  # fmt: skip
-    _launch("dkdv", p.rows_kv, p.batch * heads[0], dkdv_args, consts)
+    _launch("dkdv", p, p.rows_kv, p.batch * heads[0], dkdv_args, consts, split)
     if split:  # deterministic reduction over the q heads of each group
         dk = dk.unflatten(-2, (p.kv_heads, group)).sum(-2).to(k.dtype)
         dv = dv.unflatten(-2, (p.kv_heads, group)).sum(-2).to(v.dtype)

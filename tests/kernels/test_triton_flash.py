@@ -596,18 +596,11 @@ def test_math_constants():
     assert tf._LOG2E == pytest.approx(1 / math.log(2)) and tf._LN2 == pytest.approx(math.log(2))
 
 
-def test_autotune_pruning_keeps_small_tiles_for_fp32_and_big_head_dims():
-    triton = pytest.importorskip("triton")
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}) for m, n, _, _ in tf._FWD_CONFIGS]
-    dims = {"BLOCK_DQK": 128, "BLOCK_DV": 128}
-
-    def kept(dtype, **kw):
-        args = {"Q": torch.empty(0, dtype=dtype)}
-        return [
-            (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])
-            for c in tf._prune_configs(configs, args, **kw)
-        ]
-
-    assert len(kept(BF16, **dims)) == len(configs)
-    assert kept(F32, **dims) == [(32, 32)]
-    assert all(m * n <= 64 * 64 for m, n in kept(F16, BLOCK_DQK=256, BLOCK_DV=64))
+def test_tile_lists_keep_small_tiles_for_fp32_and_big_head_dims():
+    for kernel in ("fwd", "dq", "dkdv"):
+        assert len(tf.configs(kernel, BF16, 128, 128)) > 1  # something to tune
+        assert [(c.block_m, c.block_n) for c in tf.configs(kernel, F32, 128, 128)] == [(32, 32)]
+        assert all(c.block_m * c.block_n <= 64 * 64 for c in tf.configs(kernel, F16, 256, 64))
+        for d in (64, 128, 256):  # dropped (over the spill target) never comes back
+            assert not set(tf.DROPPED.get(kernel, {}).get(d, ())) & set(
+                tf.configs(kernel, BF16, d, d))
