@@ -14,8 +14,10 @@ if TYPE_CHECKING:
     from .config import FusedAttnConfig
     from .device import DeviceProfile
 
-#: Stages in the order a candidate passes through them.
-STAGES = ("policy", "rule", "import", "graph_build", "compile", "run", "numerics", "measure")
+#: The steps a reason can come from, in order. ``probe``: the probe itself raised (a bug or an
+#: environment problem, never stored or shared); everything after ``rule`` is evidence.
+STAGES = ("policy", "probe", "rule", "import", "graph_build", "compile", "run", "numerics",
+          "measure")
 
 #: Candidate backends, in display order. Flash flavours are variants of ``flash``.
 BACKENDS = ("fused", "flash", "triton", "unfused")

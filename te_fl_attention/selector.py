@@ -58,7 +58,8 @@ class Selector:
     # ------------------------------------------------------------------ results
     def probe_env(self) -> dict[str, Any]:
         """What this process's probes can run, folded into every cache key: a digest of the
-        probe and rule sources, the installed cuDNN / cudnn-frontend, whether graphs are built.
+        probe and rule sources and of the tiny-run code (runner, problem builder, worker), the
+        installed cuDNN / cudnn-frontend, whether graphs are built.
         A change in any of them is a miss, never a stale hit."""
         if self._probe_env is None:
             from .device import installed_versions
@@ -71,9 +72,14 @@ class Selector:
                     with open(path, "rb") as fh:
                         digest.update(fh.read())
                 digest.update(repr(sorted(vars(p).items())).encode())
-            for helper in ("base", "common"):
-                with open(os.path.join(os.path.dirname(__file__), "probes", f"{helper}.py"),
-                          "rb") as fh:  # fmt: skip
+            here = os.path.dirname(__file__)
+            # the probe helpers, and what the local tiny runs execute (runner, problem builder,
+            # worker): a change there changes stage-run verdicts
+            for path in (os.path.join(here, "probes", "base.py"),
+                         os.path.join(here, "probes", "common.py"),
+                         os.path.join(here, "kernels", "run.py"), os.path.join(here, "verify.py"),
+                         os.path.join(here, "run_worker.py")):  # fmt: skip
+                with open(path, "rb") as fh:
                     digest.update(fh.read())
             inst = installed_versions()
             self._probe_env = {"rules": digest.hexdigest()[:32], "cudnn": inst["cudnn"],
@@ -119,9 +125,13 @@ class Selector:
         for p in self.probes:
             result = found.get(keys[p.name]) if keys else None
             if result is None:
-                result = p.probe(config, device)
                 self.stats["probes"] += 1
-                fresh.append((keys.get(p.name), result))
+                try:
+                    result = p.probe(config, device)
+                except Exception as exc:  # noqa: BLE001 - one probe's bug is its own refusal
+                    result = probe_error(p.name, exc)  # not stored: the next job probes again
+                else:
+                    fresh.append((keys.get(p.name), result))
             else:
                 self.stats["cache_hits"] += 1
             results.append(result)
@@ -300,6 +310,20 @@ class Selector:
         return tuple(out), bool(todo)
 
 
+def probe_error(backend: str, exc: BaseException) -> ProbeResult:
+    """The refusal a candidate gets when its probe raises (code ``probe.error``, stage
+    ``probe``): the selection goes on with the other candidates."""
+    from .reasons import DISPLAY_NAMES, Reason
+
+    name = DISPLAY_NAMES.get(backend, backend)
+    text = f"{type(exc).__name__}: {exc}"[:2000]
+    why = Reason("probe.error", f"the {name} probe raised {text}", "probe",
+                 observed=type(exc).__name__, limit="a probe that returns a verdict",
+                 hint="a bug in te-fl-attention's probe: please report it with this message; "
+                 "force another backend meanwhile")  # fmt: skip
+    return ProbeResult(backend, False, (why,), "probe", "probe raised")
+
+
 def _timings(results: Iterable[ProbeResult], config: FusedAttnConfig, all_: bool = False
              ) -> dict[str, Any]:  # fmt: skip
     """Unit -> the measured metric in ms (``all_``: unit -> every timing) of supported units."""
@@ -309,10 +333,8 @@ def _timings(results: Iterable[ProbeResult], config: FusedAttnConfig, all_: bool
     for r in results:
         for u in (r.variants if r.backend == "flash" else (r,)):
             t = u.detail.get("timings_ms")
-            if u.supported and t and m in t:
+            if u.supported and t and m in t:  # untimed units keep their rule-priority slot
                 out[u.backend] = t if all_ else t[m]
-            elif u.supported and u.detail.get("too_slow") and not all_:
-                out[u.backend] = float("inf")  # too slow to time here: ranks last
     return out
 
 
@@ -344,13 +366,18 @@ _DEFAULT: Selector | None = None
 def default_selector() -> Selector:
     """The process-wide selector (created on first use). ``TE_FL_ATTN_CUDNN_PROBE=0`` keeps
     FusedAttention at its rule stage (no cuDNN graph builds); ``TRITON_INTERPRET=1`` lets the
-    Triton candidate run in the interpreter on a machine without a GPU."""
+    Triton candidate run in the interpreter on a machine without a GPU. It also makes the probe
+    cache the store of our Triton kernel's tuned tiles (:func:`.cache.tuning.install`), so a warm
+    job never autotunes."""
     global _DEFAULT
     if _DEFAULT is None:
+        from .cache import tuning
         from .cache.store import default_cache
 
         graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
-        _DEFAULT = Selector(_default_probes(graph=graph), cache=default_cache())
+        cache = default_cache()
+        tuning.install(cache)
+        _DEFAULT = Selector(_default_probes(graph=graph), cache=cache)
     return _DEFAULT
 
 

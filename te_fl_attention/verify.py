@@ -8,6 +8,11 @@ each. The output and, for training configs, dq/dk/dv are compared with the refer
 fp64 on CPU on the same (rounded) inputs. The error of a tensor is
 ``max|got - want| / max(1, max|want|)`` and must not exceed :data:`TOLERANCE` for the input dtype.
 Dropout is switched off for the comparison (no two backends share a dropout RNG).
+
+The probes' tiny runs (:func:`tiny_run`) run on a GPU in a worker process
+(:mod:`te_fl_attention.run_worker`) that synchronizes after each run, so a kernel fault is the
+failure of the candidate that ran and never poisons the caller; on CPU they run in-process.
+Verification itself runs in-process and synchronizes after the candidate's forward and backward.
 """
 
 from __future__ import annotations
@@ -208,6 +213,7 @@ def compare(backend: str, problem: Problem, *, training: bool) -> dict[str, floa
     feats.pop("generator", None)
     q, k, v = problem.inputs(grad=training)
     out = runner.run(backend, q, k, v, **feats)
+    synchronize()  # a fault of this kernel is this candidate's, not the next one's
     qr, kr, vr = (x.detach().cpu().double().requires_grad_(training) for x in (q, k, v))
     cpu = {n: x.cpu() if isinstance(x, torch.Tensor) else x for n, x in feats.items()
            if n not in runner.HINTS}  # fmt: skip
@@ -216,6 +222,7 @@ def compare(backend: str, problem: Problem, *, training: bool) -> dict[str, floa
     if training:
         grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
         out.backward(grad.to(out.device, out.dtype))
+        synchronize()
         want.backward(grad.double())
         for name, got, ref in (("dq", q, qr), ("dk", k, kr), ("dv", v, vr)):
             errors[name] = error(got.grad.cpu(), ref.grad) if got.grad is not None else \
@@ -223,20 +230,67 @@ def compare(backend: str, problem: Problem, *, training: bool) -> dict[str, floa
     return errors
 
 
-def tiny_run(backend: str, config: FusedAttnConfig) -> tuple[str | None, Exception | None]:
+#: GPU tiny runs go to a worker process (:mod:`te_fl_attention.run_worker`); tests that fake a GPU
+#: in this process turn it off to run in-process.
+ISOLATE_GPU_RUNS = True
+#: Seconds one isolated tiny run may take (a first Triton compile and autotune included).
+TINY_RUN_TIMEOUT_S = 300.0
+
+
+def error_type(exc: BaseException) -> str:
+    """The name of the exception's type (for a failure reported by a worker: the original's)."""
+    return getattr(exc, "type_name", None) or type(exc).__name__
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """``"Type: message"`` of an exception, capped at ``limit`` characters."""
+    return f"{error_type(exc)}: {exc}"[:limit]
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so that an asynchronous kernel fault (an illegal address)
+    surfaces now, as the fault of the candidate that just ran. No-op without CUDA."""
+    if torch.cuda.is_available():  # gpu-only
+        torch.cuda.synchronize()
+
+
+def tiny_run(backend: str, config: FusedAttnConfig, *, isolate: bool | None = None,
+             worker: Any = None, timeout_s: float | None = None
+             ) -> tuple[str | None, Exception | None]:  # fmt: skip
     """Run ``backend`` once (forward, + backward when training) on a :data:`TINY` problem of the
     config's kind on this machine: the probes' compile/import-and-run stage. Returns
     ``(note, error)``: a note when the runner cannot express the problem (nothing ran), the
-    exception when it ran and failed, ``(None, None)`` on success."""
+    exception when it ran and failed, ``(None, None)`` on success.
+
+    On a GPU (``isolate=None``: when CUDA is available and :data:`ISOLATE_GPU_RUNS`) the run goes
+    to a worker process (``worker``, default :func:`.run_worker.get_worker`) on this process's
+    current device, which synchronizes after it: a kernel fault, a crash of the worker or a run
+    past ``timeout_s`` is this candidate's error, and never poisons the calling process (TE's
+    training process when the plugin probes). On CPU (the reference, the Triton interpreter) it
+    runs here."""
     busy = runner.busy()
     if busy:
         return f"tiny run skipped: {busy}", None
+    if isolate is None:
+        isolate = ISOLATE_GPU_RUNS and torch.cuda.is_available()
+    if isolate:  # gpu-only
+        from . import run_worker
+
+        w = worker if worker is not None else run_worker.get_worker()
+        return w.tiny_run(backend, config, TINY_RUN_TIMEOUT_S if timeout_s is None else timeout_s)
+    return tiny_run_here(backend, config)
+
+
+def tiny_run_here(backend: str, config: FusedAttnConfig) -> tuple[str | None, Exception | None]:
+    """:func:`tiny_run` in this process (what the worker runs): build, run, backward, then
+    synchronize on a GPU so an asynchronous fault is attributed to this run."""
     try:
         problem = build(config, small_shape(config, TINY), device=runner.tensor_device())
         q, k, v = problem.inputs(grad=config.is_training)
         out = runner.run(backend, q, k, v, **problem.features)
         if config.is_training:
             out.float().sum().backward()
+        synchronize()
     except runner.Unsupported as exc:
         return f"tiny run skipped: {exc}", None
     except Exception as exc:  # noqa: BLE001 - the kernel's failure is the verdict
@@ -267,9 +321,9 @@ def check(backend: str, config: FusedAttnConfig, device: DeviceProfile
     except runner.Unsupported as exc:
         return skipped(backend, f"not verified: {exc}"), False
     except Exception as exc:  # noqa: BLE001 - a crashing kernel is a refusal, not our crash
-        text = f"{type(exc).__name__}: {exc}"[:1000]
+        text = describe_error(exc, 1000)
         why = Reason("numerics.run_failed", f"{name} failed on the verification problem: {text}",
-                     "run", observed=type(exc).__name__, limit="runs without error")  # fmt: skip
+                     "run", observed=error_type(exc), limit="runs without error")  # fmt: skip
         return ProbeResult(backend, False, (why,), "run", "verification run",
                            (time.perf_counter() - t0) * 1e3), True  # fmt: skip
     tol = TOLERANCE[config.dtype]

@@ -114,3 +114,53 @@ def test_decision_json_round_trip_has_every_result():
     data = json.loads(json.dumps(d.to_dict()))
     assert data["chosen"] == "fused" and len(data["results"]) == 4
     assert data["config_key"] == LLAMA.key()
+
+
+class _Raises:
+    """A probe with a bug: it raises instead of returning a verdict."""
+
+    name = "fused"
+
+    def rules(self, config, device):
+        return []
+
+    def probe(self, config, device):
+        raise AttributeError("'NoneType' object has no attribute 'items'")
+
+
+def test_a_probe_that_raises_is_that_candidates_refusal():
+    from te_fl_attention.cache import MemoryCache
+    from te_fl_attention.probes.flash_attn import FlashAttnProbe
+    from te_fl_attention.probes.triton_flash import TritonFlashProbe
+    from te_fl_attention.probes.unfused import UnfusedProbe
+    from te_fl_attention.render import render, summary
+
+    cache = MemoryCache()
+    sel = Selector((_Raises(), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe()), cache=cache)
+    d = sel.decide(LLAMA, "h100", Policy())
+    fused = d.result("fused")
+    assert not fused.supported and fused.stage == "probe"
+    (why,) = fused.reasons
+    assert why.code == "probe.error" and why.stage == "probe" and why.observed == "AttributeError"
+    assert why.message == ("the FusedAttention probe raised AttributeError: 'NoneType' object "
+                           "has no attribute 'items'")
+    assert d.chosen == "flash"  # the others decide as usual
+    assert len(cache) == 3  # the crash is not stored: the next job probes again
+    assert "probe raised AttributeError" in summary(d)["refused"]["fused"]
+    render(d, file=__import__("io").StringIO())
+
+
+def test_a_raising_flash_probe_has_no_variants_and_is_refused():
+    class RaisesFlash(_Raises):
+        name = "flash"
+
+    from te_fl_attention.probes.cudnn import CudnnProbe
+    from te_fl_attention.probes.triton_flash import TritonFlashProbe
+    from te_fl_attention.probes.unfused import UnfusedProbe
+
+    probes = (CudnnProbe(graph=False), RaisesFlash(), TritonFlashProbe(), UnfusedProbe())
+    d = Selector(probes).decide(LLAMA, "a100", Policy())
+    flash = d.result("flash")
+    assert d.chosen == "triton" and not flash.supported and flash.variants == ()
+    assert flash.reasons[0].code == "probe.error" and "FlashAttention probe raised" in \
+        flash.reasons[0].message  # fmt: skip

@@ -117,3 +117,20 @@ def test_first_decision_after_prepare_is_served_from_the_store(tmp_path):
     assert sel.stats == {"memo_hits": 0, "cache_hits": 4, "probes": 0}
     assert warm.results == cold.results and warm.source == "cache"
     assert store._bad_rows == 0
+
+
+def test_default_selector_keeps_tuned_triton_tiles_in_its_probe_cache(monkeypatch):
+    """A warm job never autotunes: the process-wide selector makes its probe cache the store of
+    the Triton kernel's tuned tiles."""
+    from te_fl_attention import selector
+    from te_fl_attention.cache.tuning import ProbeCacheTuningStore
+    from te_fl_attention.kernels import tuning
+
+    monkeypatch.setattr(selector, "_DEFAULT", None)
+    before = tuning.get_store()
+    try:
+        sel = selector.default_selector()
+        store = tuning.get_store()
+        assert isinstance(store, ProbeCacheTuningStore) and store._cache is sel.cache
+    finally:
+        tuning.set_store(before if not isinstance(before, ProbeCacheTuningStore) else None)

@@ -3,6 +3,7 @@ our Triton kernel in the interpreter, and fake kernels injected into the runner)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -233,12 +234,198 @@ def test_cpu_timing_shape_is_capped_and_said():
 
 
 @needs_interpreter
-def test_interpreter_is_never_timed_on_big_shapes():
+def test_interpreter_is_never_timed_on_big_shapes_and_keeps_its_place():
+    """Untimed is not "slowest": the Triton interpreter cannot take the shape, so Triton is not
+    measured and keeps its rule-priority slot (ahead of the timed unfused), as the README says."""
     result, store = measure.check("triton", FusedAttnConfig(max_seqlen_q=512), profile("local"))
     assert result.supported and not store and result.detail["too_slow"]
     assert "too many for the Triton interpreter" in result.detail["timing_note"]
+    why = result.detail["not_measured"]
+    assert why["code"] == "measure.too_slow" and why["stage"] == "measure"
     d = selector().decide(FusedAttnConfig(max_seqlen_q=512), "local", MEASURE)
-    assert d.chosen == "unfused" and d.detail["measured"]["priority_choice"] == "triton"
+    assert d.chosen == "triton" == d.detail["measured"]["priority_choice"]
+    assert d.order.index("triton") < d.order.index("unfused")
+    assert d.detail["measured"]["untimed"] == ["triton"] and "unfused" in d.detail["timings_ms"]
+    assert "kept in their rule-priority place: triton" in "\n".join(render.measured_lines(d))
+
+
+def test_untimed_candidates_keep_their_slot_among_timed_ones(monkeypatch):
+    """Policy.order's contract through the selector: a too-slow (untimed) unit is never ranked
+    by a made-up time."""
+    monkeypatch.setattr(runner, "can_run_here", lambda *a, **k: (True, "test"))
+    monkeypatch.setitem(runner.RUNNERS, "unfused", fake(0.0))
+    real = measure.check
+
+    def check(backend, config, device):
+        if backend == "triton":
+            return measure.not_measured("triton", "measure.too_slow", "test", too_slow=True), False
+        return real(backend, config, device)
+
+    monkeypatch.setattr(measure, "check", check)
+    d = fake_selector(MemoryCache()).decide(TINY, "local", MEASURE)
+    assert d.chosen == "triton" and d.order == ("flash", "triton", "fused", "unfused")
+
+
+# ------------------------------------------ measured mode on a fake GPU: "not measured" (defect 6)
+def gpu_selector(fused_ok=True):
+    probes = (Fixed("fused", fused_ok), Fixed("flash", False), Fixed("triton", False),
+              Fixed("unfused", True))  # fmt: skip
+    return Selector(probes, cache=MemoryCache())
+
+
+FUSED_CFG = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16, dtype="bf16")
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"dropout": 0.1}, "dropout_p=0.1 (cuDNN's dropout resolution is 1/16)"),
+    ({"max_seqlen_kv": 1, "attn_mask_type": "no_mask"}, "s_kv=1"),
+    ({"head_dim_qk": 192, "head_dim_v": 160}, "backward with head dims (192, 160)"),
+    ({"dropout": 0.125}, "No viable backend"),  # passes the gates: SDPA itself refuses (CPU)
+], ids=["dropout", "skv1", "mla-bwd", "sdpa-refuses"])  # fmt: skip
+def test_fused_that_sdpa_cannot_express_is_not_measured_and_keeps_its_place(fake_gpu, monkeypatch,
+                                                                           kw, says):
+    """On an H100 FusedAttention comes first; a problem torch SDPA's cuDNN backend cannot take
+    (refused by the runner before SDPA, or by SDPA itself) leaves it untimed with a reason at
+    stage measure: still supported, still first, never dropped."""
+    if "No viable" not in says:  # SDPA's math stands for the cuDNN kernel the gates let through
+        math = torch.nn.functional.scaled_dot_product_attention
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda *a, **kw: math(*a, **kw))
+        monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", lambda *a: contextlib.nullcontext())
+    config = FUSED_CFG.replace(**kw)
+    sel = gpu_selector()
+    d = sel.decide(config, "local", MEASURE)
+    fused = unit(d, "fused")
+    assert fused.supported and fused.reasons == () and "timings_ms" not in fused.detail
+    why = fused.detail["not_measured"]
+    assert why["code"] == "measure.not_expressible" and why["stage"] == "measure"
+    assert says in why["message"] and says in fused.detail["timing_note"]
+    assert d.chosen == "fused" and d.order[0] == "fused" and "unfused" in d.detail["timings_ms"]
+    assert d.detail["measured"]["untimed"] == ["fused"]
+    assert d.detail["measured"]["repeats"] == measure.REPEATS["cuda"][1]
+
+
+def test_a_kernel_that_fails_on_the_timed_shape_is_refused_on_a_gpu(fake_gpu, monkeypatch):
+    def oom(q, k, v, f):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    monkeypatch.setitem(runner.RUNNERS, "unfused", oom)
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    d = gpu_selector(fused_ok=False).decide(FUSED_CFG, "local", MEASURE)
+    r = unit(d, "unfused")
+    assert not r.supported and r.reasons[-1].code == "measure.failed" and emptied == [1]
+    assert "out of memory" in r.reasons[-1].message and r.reasons[-1].observed == "RuntimeError"
+
+
+# ------------------------------------------------------- what is timed: the launch only (defect 10)
+def _log_preparation(monkeypatch, log, bias: bool = False):
+    """Record host preparation (varlen packing, signature look-ups; ``bias``: the masked_fill of
+    a dense bias) and CUDA event records into ``log`` (the fake flash-attn appends its launches
+    there)."""
+    import inspect
+
+    from fakegpu import FakeEvent
+
+    def spy(obj, name):
+        real = getattr(obj, name)
+
+        def wrapper(*a, **kw):
+            log.append(("prep", name))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(obj, name, wrapper)
+
+    spy(runner, "_tokens")
+    spy(inspect, "signature")
+    if bias:
+        spy(torch.Tensor, "masked_fill")
+
+    class Event(FakeEvent):
+        def record(self, stream=None):
+            log.append(("record", None))
+            super().record(stream)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+def _timed_regions(log):
+    """The log entries between each start event's record and its end event's record."""
+    inside, out = False, []
+    for e in log:
+        if e[0] == "record":
+            inside = not inside
+        elif inside:
+            out.append(e)
+    assert not inside
+    return out
+
+
+def test_only_the_flash_launch_is_timed(fake_gpu, fake_flash):
+    """padding + training: FA2 through its varlen entry point (packing, lengths, signature);
+    none of that runs between the CUDA events, only the launches (and their backward)."""
+    config = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16, dtype="bf16",
+                             attn_mask_type="padding")  # fmt: skip
+    problem = verify.build(config, verify.real_shape(config))
+    log = fake_flash
+    with pytest.MonkeyPatch.context() as mp:
+        _log_preparation(mp, log)
+        timings = measure.time_backend("fa2", problem, training=True, warmup=2, repeats=4)
+    assert set(timings) == {"fwd", "fwd_bwd"}
+    launches = [e for e in log if e[0] == "flash_attn_varlen_func"]
+    preps = [e for e in log if e[0] == "prep"]
+    assert preps and len(launches) == 2 * (2 + 4) + 1  # + the one that sizes the backward's grad
+    timed = _timed_regions(log)
+    assert timed and all(e[0] == "flash_attn_varlen_func" for e in timed), timed
+    assert sum(e[0] == "record" for e in log) == 2 * 2 * 4  # start + end, per timed launch
+    assert fake_gpu.synchronize_calls == 4  # after each warm-up and after each metric's runs
+
+
+def test_only_the_sdpa_launch_is_timed(fake_gpu, monkeypatch):
+    """Bottom-right causal cross-attention: the fused runner builds a dense bias (a masked_fill)
+    once, outside the timed region; the timed region holds SDPA launches only."""
+    log = []
+
+    def sdpa(q, k, v, **kw):
+        log.append(("sdpa", None))
+        return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    _log_preparation(monkeypatch, log, bias=True)
+    config = FUSED_CFG.replace(attn_mask_type="causal_bottom_right", max_seqlen_kv=24,
+                               is_training=False)  # fmt: skip
+    problem = verify.build(config, verify.real_shape(config))
+    measure.time_backend("fused", problem, training=False, warmup=3, repeats=10)
+    assert [e[0] for e in log].count("sdpa") == 13
+    assert [e for e in log if e == ("prep", "masked_fill")] == [("prep", "masked_fill")]
+    timed = _timed_regions(log)
+    assert len(timed) == 10 and all(e[0] == "sdpa" for e in timed)
+
+
+# ------------------------------------------ tiny runs synchronize: faults are attributed (defect 9)
+def test_an_asynchronous_fault_is_the_candidate_that_ran(fake_gpu, fake_flash, monkeypatch):
+    """In-process on a (fake) GPU: the fault a kernel leaves for the next synchronizing call is
+    reported by the tiny run of that kernel, not by the next candidate's."""
+    from fakegpu import ILLEGAL_ADDRESS
+
+    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)
+    config = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16)
+    fake_gpu.pending_fault = ILLEGAL_ADDRESS  # armed by FA2's kernel
+    fa2 = FlashAttnProbe().probe(config, profile("local")).variants[2]
+    assert fa2.backend == "fa2" and not fa2.supported and fa2.stage == "run"
+    assert fa2.reasons[0].code == "fa2.run_failed" and ILLEGAL_ADDRESS in fa2.reasons[0].message
+    assert fake_gpu.synchronize_calls == 1 and fake_flash  # FA2 ran, then the run synchronized
+    assert verify.tiny_run("unfused", config) == (None, None)  # the next candidate is clean
+    assert fake_gpu.synchronize_calls == 2
+
+
+def test_verification_synchronizes_on_a_gpu(fake_gpu, monkeypatch):
+    from fakegpu import ILLEGAL_ADDRESS
+
+    fake_gpu.pending_fault = ILLEGAL_ADDRESS
+    result, store = verify.check("unfused", SMALL, profile("local"))
+    assert not result.supported and store and ILLEGAL_ADDRESS in result.reasons[0].message
+    assert result.reasons[0].stage == "run" and fake_gpu.synchronize_calls == 1
 
 
 def test_policy_reads_the_env_switches():

@@ -20,15 +20,24 @@ backend                runs
 A feature a backend cannot run raises :class:`Unsupported` (a ``ValueError``) naming it; a library
 that cannot be imported raises ``RuntimeError`` with the import error. :data:`RUNNERS` maps names
 to implementations (tests swap entries in to inject kernels).
+
+Every runner is split in two: :func:`prepare` does the host work (checks, layout transposes, FA2's
+head-dim padding, varlen packing, ``.cpu()`` reads of the lengths, signature look-ups, the dense
+bias SDPA needs for bottom-right causal masks) and returns a :class:`Launch`, whose
+:meth:`~Launch.launch` is the kernel call alone (what measured mode times) and whose
+:meth:`~Launch.finish` trims / unpacks the result. :func:`run` is ``prepare(...)()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,8 +48,9 @@ if TYPE_CHECKING:
     from ..config import FusedAttnConfig
     from ..device import DeviceProfile
 
-__all__ = ["run", "can_run_here", "RUNNERS", "Unsupported", "FEATURES", "use_interpreter",
-           "interpreter_ready", "tensor_device"]  # fmt: skip
+__all__ = ["run", "prepare", "Launch", "can_run_here", "RUNNERS", "Unsupported", "FEATURES",
+           "use_interpreter", "interpreter_ready", "tensor_device", "pad_head_dims",
+           "cudnn_sdpa_refusal"]  # fmt: skip
 
 KERNEL = "te_fl_attention.kernels.triton_flash"
 
@@ -73,7 +83,67 @@ class Unsupported(ValueError):
     """A feature (or dtype, layout...) this runner cannot express for this backend."""
 
 
+def _same(raw: Any) -> Any:
+    return raw
+
+
+@dataclass
+class Launch:
+    """One prepared run: host preparation is done, ``kernel(*args, **kwargs)`` is the launch.
+
+    Measured mode times :meth:`launch` only (packing, padding, bias tensors, ``.cpu()`` syncs and
+    signature look-ups happen in the preparation that built this object); :meth:`finish` turns
+    the kernel's raw result into the reference's conventions (trim, unpack, transpose).
+    ``grads`` are the positions in ``args`` of the kernel's q/k/v inputs (the tensors a
+    forward + backward timing differentiates)."""
+
+    kernel: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    finish: Callable[[Any], Any] = _same
+    grads: tuple[int, ...] = (0, 1, 2)
+
+    def launch(self) -> Any:
+        """The kernel call itself (the raw result)."""
+        return self.kernel(*self.args, **self.kwargs)
+
+    def __call__(self) -> Any:
+        return self.finish(self.launch())
+
+    @staticmethod
+    def primary(raw: Any) -> torch.Tensor:
+        """The output tensor in a raw result (``(out, lse, ...)`` or ``out``)."""
+        return raw[0] if isinstance(raw, (tuple, list)) else raw
+
+    def leaves(self) -> Launch:
+        """The same launch on detached copies of its q/k/v inputs that require grad (leaves:
+        a timed backward then reaches the kernel's inputs and stops there)."""
+        args = list(self.args)
+        for i in self.grads:
+            args[i] = args[i].detach().requires_grad_(True)
+        return dataclasses.replace(self, args=tuple(args))
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.args[i] for i in self.grads)
+
+
+#: A runner: prepares a :class:`Launch` from q/k/v and the features. A plain function
+#: ``(q, k, v, features) -> out`` put into :data:`RUNNERS` (tests inject kernels so) is its own
+#: launch, with no preparation.
 Runner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Features], Any]
+
+
+def _preparer(fn: Callable[..., Launch]) -> Callable[..., Launch]:
+    fn.prepares = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _prepare_with(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features
+                  ) -> Launch:  # fmt: skip
+    fn = RUNNERS[name]
+    if getattr(fn, "prepares", False):
+        return fn(q, k, v, f)
+    return Launch(fn, (q, k, v, f))
 
 
 def _used(f: Features) -> dict[str, Any]:
@@ -105,16 +175,18 @@ def _require(backend: str, f: Features, allowed: set[str], masks: tuple[str, ...
 
 
 # ------------------------------------------------------------------------------ reference, Triton
-def _unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Any:
+@_preparer
+def _unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """The reference (the oracle itself): every feature."""
-    return reference.attention(q, k, v, **{n: x for n, x in f.items() if n not in HINTS})
+    return Launch(reference.attention, (q, k, v), {n: x for n, x in f.items() if n not in HINTS})
 
 
-def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Any:
+@_preparer
+def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """Our Triton kernel: masks, windows, GQA, thd; no bias, dropout or softmax variants."""
     tf = importlib.import_module(KERNEL)
     _require("triton", f, _LAYOUT, tuple(tf.SUPPORTED["attn_mask_types"]))
-    return tf.flash_attention(q, k, v, **{n: f[n] for n in _LAYOUT})
+    return Launch(tf.flash_attention, (q, k, v), {n: f[n] for n in _LAYOUT})
 
 
 # ------------------------------------------------------------------------------------ flash-attn
@@ -149,9 +221,30 @@ def _geometry(x: torch.Tensor, f: Features, side: str) -> tuple[torch.Tensor, to
     return torch.arange(b, device=x.device) * s, (cu[1:] - cu[:-1]).long()
 
 
+def pad_head_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:  # fmt: skip
+    """q/k/v padded with zeros to one head dim, ``max(head_dim_qk, head_dim_v)``, as TE 2.20.2
+    does before calling FlashAttention 2 (``_pad_qkv_head_dim`` in
+    ``dot_product_attention.py``; flash_api.cpp requires v's head size to equal q's). Returns
+    the padded tensors and the original head_dim_v (the output is trimmed back to it, as TE's
+    ``_trim_output``). Zero columns change no score, so out and lse are those of the unpadded
+    problem (the softmax scale must be the unpadded one)."""
+    import torch.nn.functional as F
+
+    dqk, dv = q.shape[-1], v.shape[-1]
+    d = max(dqk, dv)
+    if dqk < d:
+        q, k = F.pad(q, (0, d - dqk)), F.pad(k, (0, d - dqk))
+    if dv < d:
+        v = F.pad(v, (0, d - dv))
+    return q, k, v, dv
+
+
 def _flash(flavour: str) -> Runner:
-    def runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Any:
-        """flash-attn (never ran on a GPU here): bottom-right alignment only."""
+    @_preparer
+    def prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:  # gpu-only
+        """flash-attn (never ran on a GPU here): bottom-right alignment only. FA2 gets q/k/v
+        padded to one head dim (TE's MLA padding) and its output trimmed."""
         allowed = set(_LAYOUT) | ({"bias_type", "alibi_slopes", "dropout_p"} if flavour == "fa2"
                                   else set())  # fmt: skip
         _require(flavour, f, allowed, reference.MASK_TYPES[:-1])
@@ -174,7 +267,12 @@ def _flash(flavour: str) -> Runner:
         if aligned and not bottom_right and bool((lq.cpu() != lk.cpu()).any()):
             raise Unsupported(f"{flavour} cannot run feature bottom_right_diagonal=False with "
                              "s_q != s_kv (flash-attn aligns masks bottom-right)")  # fmt: skip
-        kw: dict[str, Any] = {"softmax_scale": f["softmax_scale"], "causal": causal,
+        scale = f["softmax_scale"]
+        dv = v.shape[-1]
+        if flavour == "fa2" and q.shape[-1] != dv:
+            scale = q.shape[-1] ** -0.5 if scale is None else scale  # of the unpadded q
+            q, k, v, dv = pad_head_dims(q, k, v)
+        kw: dict[str, Any] = {"softmax_scale": scale, "causal": causal,
                               "deterministic": f["deterministic"]}  # fmt: skip
         window = (left, right) if (left >= 0 or right >= 0) else (-1, -1)
         kw["window_size"] = tuple(None if w < 0 else w for w in window) if flavour == "fa4" \
@@ -192,27 +290,37 @@ def _flash(flavour: str) -> Runner:
         for flag in ("return_attn_probs", "return_lse") if f["return_lse"] else ():
             if flag in params:  # FA2 then also returns the probabilities: only when asked
                 kw[flag] = True
-        if dense:
-            res = fn(q, k, v, **kw)
+
+        def finish(res: Any) -> Any:
             out, lse = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
+            if unpack is not None:
+                out, lse = unpack(out, lse)
+            out = out[..., :dv]  # TE's _trim_output after the MLA padding
+            if fmt == "sbhd":
+                out = out.transpose(0, 1)
+            if f["return_lse"]:
+                if lse is None:
+                    raise RuntimeError(f"{flavour} returned no lse")
+                return out, lse.float()
+            return out
+
+        unpack = None
+        if dense:
+            args: tuple[Any, ...] = (q, k, v)
         else:
-            out, lse = _varlen(fn, q, k, v, f, gq, gk, kw)
-        if fmt == "sbhd":
-            out = out.transpose(0, 1)
-        if f["return_lse"]:
-            if lse is None:
-                raise RuntimeError(f"{flavour} returned no lse")
-            return out, lse.float()
-        return out
+            args, extra, unpack = _pack(q, k, v, f, gq, gk)
+            kw.update(extra)
+        return Launch(fn, args, kw, finish)
 
-    runner.__name__ = f"_{flavour}"
-    return runner
+    prep.__name__ = f"_{flavour}"
+    return prep
 
 
-def _varlen(fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            f: Features, gq: Any, gk: Any, kw: dict[str, Any]) -> tuple[Any, Any]:  # fmt: skip
-    """Pack the sequences contiguously, call the varlen entry point, scatter back (zeros / -inf
-    outside sequences, as the reference)."""
+def _pack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features, gq: Any, gk: Any
+          ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any], Callable[..., Any]]:  # fmt: skip
+    """Pack the sequences contiguously for the varlen entry point (the varlen arguments), and the
+    function that scatters its result back (zeros / -inf outside sequences, as the
+    reference)."""
     thd = f["qkv_format"] == "thd"
     flat = (lambda x: x) if thd else (lambda x: x.reshape(-1, *x.shape[2:]))
     b, sq = (None, None) if thd else q.shape[:2]
@@ -223,23 +331,27 @@ def _varlen(fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.T
         gk = (torch.arange(k.shape[0], device=k.device) * k.shape[1],
               torch.full((k.shape[0],), k.shape[1], device=k.device))  # fmt: skip
     iq, ik = _tokens(*gq), _tokens(*gk)
-    res = fn(flat(q)[iq], flat(k)[ik], flat(v)[ik], cu_seqlens_q=_cu(gq[1]),
-             cu_seqlens_k=_cu(gk[1]), max_seqlen_q=int(gq[1].max()),
-             max_seqlen_k=int(gk[1].max()), **kw)  # fmt: skip
-    out_p, lse_p = (res[0], res[1]) if isinstance(res, tuple) else (res, None)
+    args = (flat(q)[iq], flat(k)[ik], flat(v)[ik])
+    extra = {"cu_seqlens_q": _cu(gq[1]), "cu_seqlens_k": _cu(gk[1]),
+             "max_seqlen_q": int(gq[1].max()), "max_seqlen_k": int(gk[1].max())}  # fmt: skip
     rows, heads = flat(q).shape[0], q.shape[-2]
-    out = out_p.new_zeros(rows, heads, out_p.shape[-1]).index_copy(0, iq, out_p)
-    lse = None
-    if lse_p is not None:
-        lse = torch.full((heads, rows), float("-inf"), device=q.device).index_copy(
-            1, iq, lse_p.float())
-    if not thd:
-        out = out.view(b, sq, heads, -1)
-        lse = lse.view(heads, b, sq).transpose(0, 1).contiguous() if lse is not None else None
-    return out, lse
+
+    def unpack(out_p: torch.Tensor, lse_p: torch.Tensor | None) -> tuple[Any, Any]:
+        out = out_p.new_zeros(rows, heads, out_p.shape[-1]).index_copy(0, iq, out_p)
+        lse = None
+        if lse_p is not None:
+            lse = torch.full((heads, rows), float("-inf"), device=q.device).index_copy(
+                1, iq, lse_p.float())
+        if not thd:
+            out = out.view(b, sq, heads, -1)
+            lse = lse.view(heads, b, sq).transpose(0, 1).contiguous() if lse is not None else None
+        return out, lse
+
+    return args, extra, unpack
 
 
-def _first_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Any:
+@_preparer
+def _first_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """``flash``: the first flavour that imports, in TE's precedence FA4 > FA3 > FA2."""
     errors = []
     for flavour in ("fa4", "fa3", "fa2"):
@@ -248,25 +360,108 @@ def _first_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features)
         except RuntimeError as exc:
             errors.append(str(exc))
             continue
-        return RUNNERS[flavour](q, k, v, f)
+        return _prepare_with(flavour, q, k, v, f)
     raise RuntimeError("no flash-attn flavour can be imported: " + "; ".join(errors))
 
 
 # ----------------------------------------------------------------------------------------- fused
-def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Any:
+#: What torch SDPA says when no enabled backend takes the inputs (CUDA; and on CPU).
+NO_SDPA_KERNEL = ("No available kernel", "No viable backend")
+
+
+def cudnn_sdpa_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                       grad: bool) -> str | None:  # fmt: skip
+    """Why torch SDPA's cuDNN backend would refuse these ``(b, h, s, d)`` inputs, or None.
+
+    Mirrors ``sdp::can_use_cudnn_attention`` in pytorch/pytorch
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (read at commit 001f694a, a recent
+    main: the installed torch 2.13 wheel carries no C++ sources): ``check_dtypes_low_precision``
+    (fp16/bf16 on sm >= 80), ``check_cudnn_dropout`` (``dropout * 16`` must be an integer: cuDNN's
+    dropout resolution is 1/16), the cuDNN 9.11-9.13 dropout exclusion,
+    ``check_cudnn_deterministic``, ``check_cudnn_hardware_support`` (sm80..sm121), and
+    ``check_cudnn_tensor_shapes``: b, h <= 65535; s_kv != 1; s_q != 1 with dropout; head dims
+    multiples of 8 and at most 128, 192 only for (192, 128) on sm90/sm10x with cuDNN >= 9.11, 256
+    on sm90/sm10x with cuDNN > 9.22 (not sm107 up to 9.25; torch built with cudnn-frontend >=
+    1.24 is assumed); ``check_cudnn_d256_bprop_head_dim``: where d256 is supported, backward
+    only for d_qk, d_v <= 128, (192, 128) and (256, 256). What this misses SDPA still refuses
+    ("No available kernel"), which the runner reports the same way. The device-dependent part
+    never ran on a GPU."""
+    b, h, sq, dqk = q.shape
+    skv, dv = k.shape[2], v.shape[3]
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype={q.dtype} (cuDNN SDPA takes fp16/bf16)"
+    if dropout_p * 16 != math.floor(dropout_p * 16):
+        return f"dropout_p={dropout_p:g} (cuDNN's dropout resolution is 1/16)"
+    if b > 65535 or h > 65535:
+        return f"batch={b}, heads={h} (cuDNN SDPA takes at most 65535 of each)"
+    if skv == 1:
+        return "s_kv=1 (cuDNN SDPA does not take key/value sequence length 1)"
+    if dropout_p and sq == 1:
+        return "s_q=1 with dropout (cuDNN SDPA does not take it)"
+    if dqk % 8 or dv % 8:
+        return f"head dims ({dqk}, {dv}) (cuDNN SDPA needs multiples of 8)"
+    if torch.are_deterministic_algorithms_enabled() and \
+            not torch.is_deterministic_algorithms_warn_only_enabled():  # fmt: skip
+        return "torch.use_deterministic_algorithms(True) (cuDNN SDPA is not deterministic)"
+    if torch.cuda.is_available():  # gpu-only
+        return _device_refusal(dqk, dv, dropout_p, grad)
+    return None  # on CPU SDPA refuses by itself
+
+
+def _device_refusal(dqk: int, dv: int, dropout_p: float, grad: bool) -> str | None:  # gpu-only
+    """The device- and cuDNN-version-dependent part of :func:`cudnn_sdpa_refusal`."""
+    major, minor = torch.cuda.get_device_capability()
+    ver = torch.backends.cudnn.version() or 0
+    if not (8, 0) <= (major, minor) <= (12, 1):
+        return f"sm{major}{minor} (cuDNN SDPA runs on sm80..sm121)"
+    if dropout_p > 0 and 91100 < ver < 91400:
+        return f"dropout with cuDNN {ver} (torch disables it for cuDNN 9.11-9.13)"
+    big = (major == 9 and minor == 0) or major == 10
+    d256 = big and ver > 92200 and not (major == 10 and minor == 7 and ver <= 92500)
+    limit = 256 if d256 else 192 if big and ver >= 91100 and (dqk, dv) == (192, 128) else 128
+    if max(dqk, dv) > limit:
+        return f"head dims ({dqk}, {dv}) (cuDNN SDPA takes at most {limit} on sm{major}{minor})"
+    bwd_ok = (dqk <= 128 and dv <= 128) or (dqk, dv) in ((192, 128), (256, 256))
+    if grad and d256 and not bwd_ok:
+        return (f"backward with head dims ({dqk}, {dv}) (cuDNN SDPA's backward takes d <= 128, "
+                "(192, 128) and (256, 256))")
+    return None
+
+
+def _sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> Any:  # gpu-only
+    """The launch: torch SDPA restricted to its cuDNN backend (never ran on a GPU here). SDPA's
+    "no available kernel" refusal means the runner cannot express the problem."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(q, k, v, **kw)
+    except RuntimeError as exc:
+        if any(text in str(exc) for text in NO_SDPA_KERNEL):
+            raise Unsupported(f"fused (torch SDPA's cuDNN backend) refused the inputs: {exc}"
+                              ) from exc  # fmt: skip
+        raise
+
+
+@_preparer
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:  # gpu-only
     """torch SDPA restricted to its cuDNN backend (never ran on a GPU here): bshd/sbhd, no/causal
-    masks, bias (pre/post-scale, ALiBi as a bias tensor), dropout; no windows, padding, lse."""
+    masks, bias (pre/post-scale, ALiBi as a bias tensor), dropout; no windows, padding, lse.
+    Inputs :func:`cudnn_sdpa_refusal` names raise :class:`Unsupported` before SDPA is called."""
     allowed = {"qkv_format", "attn_mask_type", "bottom_right_diagonal", "bias_type", "bias",
                "alibi_slopes", "dropout_p", "softmax_scale", "max_seqlen_q", "max_seqlen_kv"}
     _require("fused", f, allowed, ("no_mask", "padding", "causal", "padding_causal",
                                    "causal_bottom_right", "padding_causal_bottom_right"))
     if f["qkv_format"] == "thd":
         raise Unsupported("fused cannot run feature qkv_format='thd' (SDPA takes dense tensors)")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    perm = (0, 2, 1, 3) if f["qkv_format"] == "bshd" else (1, 2, 0, 3)
-    qh, kh, vh = (x.permute(*perm) for x in (q, k, v))
+    if f["qkv_format"] == "sbhd":  # SDPA's cuDNN path wants b, s, h, d strides: relayout here
+        q, k, v = (x.transpose(0, 1).contiguous() for x in (q, k, v))
+    qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    why = cudnn_sdpa_refusal(qh, kh, vh, f["dropout_p"], grad)
+    if why:
+        raise Unsupported(f"fused (torch SDPA's cuDNN backend) cannot run {why}")
     sq, skv, h = qh.shape[2], kh.shape[2], qh.shape[1]
     mask = f["attn_mask_type"]
     scale = f["softmax_scale"] if f["softmax_scale"] is not None else q.shape[-1] ** -0.5
@@ -283,15 +478,14 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> An
         bias = (-slopes.to(q.device).float().view(-1, h, 1, 1) * dist).to(q.dtype)
     causal = "causal" in mask
     is_causal = causal and bias is None and off == 0
-    if causal and not is_causal:
+    if causal and not is_causal:  # a dense bias, built here (outside any timed region)
         keep = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril(off)
         base = bias if bias is not None else q.new_zeros(1, 1, sq, skv)
         bias = base.masked_fill(~keep, float("-inf"))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = sdpa(qh, kh, vh, attn_mask=bias, dropout_p=f["dropout_p"], is_causal=is_causal,
-                   scale=scale, enable_gqa=kh.shape[1] != h)  # fmt: skip
+    kw = {"attn_mask": bias, "dropout_p": f["dropout_p"], "is_causal": is_causal,
+          "scale": scale, "enable_gqa": kh.shape[1] != h}  # fmt: skip
     inv = (0, 2, 1, 3) if f["qkv_format"] == "bshd" else (2, 0, 1, 3)
-    return out.permute(*inv).contiguous()
+    return Launch(_sdpa_cudnn, (qh, kh, vh), kw, lambda out: out.permute(*inv).contiguous())
 
 
 RUNNERS: dict[str, Runner] = {
@@ -313,6 +507,18 @@ def _canonical(backend: str) -> str:
     return name
 
 
+def prepare(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **features: Any
+            ) -> Launch:  # fmt: skip
+    """Do ``backend``'s host preparation for q/k/v with ``features`` and return the
+    :class:`Launch` (``prepare(...)()`` is :func:`run`). Raises as :func:`run` does."""
+    name = _canonical(backend)
+    unknown = sorted(set(features) - set(FEATURES))
+    if unknown:
+        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; allowed: "
+                         f"{', '.join(FEATURES)}")  # fmt: skip
+    return _prepare_with(name, q, k, v, {**FEATURES, **features})
+
+
 def run(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **features: Any) -> Any:
     """Run ``backend`` on q/k/v with ``features`` (the reference's keywords, see
     :data:`FEATURES`). Returns ``out`` or ``(out, lse)`` (``return_lse=True``).
@@ -321,12 +527,7 @@ def run(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **featu
     ``ValueError`` for an unknown backend or keyword, and ``RuntimeError`` when the backend's
     library cannot be imported.
     """
-    name = _canonical(backend)
-    unknown = sorted(set(features) - set(FEATURES))
-    if unknown:
-        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; allowed: "
-                         f"{', '.join(FEATURES)}")  # fmt: skip
-    return RUNNERS[name](q, k, v, {**FEATURES, **features})
+    return prepare(backend, q, k, v, **features)()
 
 
 # ---------------------------------------------------------------------------- where things run
@@ -387,7 +588,7 @@ def _blocker(config: FusedAttnConfig) -> str | None:
 
 def busy() -> str | None:
     """Why nothing may run now (a CUDA graph is being captured, torch.compile is tracing)."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():  # gpu-only
         return "a CUDA graph is being captured"
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
@@ -414,7 +615,7 @@ def can_run_here(backend: str, config: FusedAttnConfig, device: DeviceProfile, *
     if name == "triton":
         if importlib.util.find_spec(KERNEL) is None:
             return False, "the Triton kernel is not part of this build"
-        if cuda:
+        if cuda:  # gpu-only
             return True, "Triton on the local CUDA GPU"
         if interpret is None:
             interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -426,6 +627,11 @@ def can_run_here(backend: str, config: FusedAttnConfig, device: DeviceProfile, *
         return True, "the Triton interpreter on CPU (TRITON_INTERPRET=1)"
     if not cuda:
         return False, f"{name} needs a CUDA GPU; this machine has none"
+    return _can_run_on_gpu(name)  # gpu-only
+
+
+def _can_run_on_gpu(name: str) -> tuple[bool, str]:  # gpu-only
+    """:func:`can_run_here` for flash-attn and ``fused`` on a CUDA machine."""
     flavours = ("fa4", "fa3", "fa2") if name == "flash" else (name,) if name in FLASH_MODULES \
         else ()  # fmt: skip
     errors = []

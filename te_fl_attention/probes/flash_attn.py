@@ -630,7 +630,9 @@ class FlashAttnProbe:
 
     On the local device a flavour that passes its rules is imported (stage ``import``: a failure
     is a refusal carrying the import error) and, with a CUDA GPU, runs one tiny problem of the
-    config's kind (stage ``run``). ``run=False`` stops after the rules."""
+    config's kind (stage ``run``; FA2 gets TE's MLA head-dim padding, see
+    :func:`~te_fl_attention.kernels.run.pad_head_dims`; on a GPU the run is isolated in a worker
+    process, :mod:`te_fl_attention.run_worker`). ``run=False`` stops after the rules."""
 
     name = "flash"
 
@@ -669,20 +671,23 @@ class FlashAttnProbe:
                          f"imported: {err}"[:2000], observed=err[:300], limit=f"import {module}",
                          stage="import", hint=f"reinstall {dist} for this torch/CUDA")  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(why,), stage="import")
-        if runner.tensor_device() != "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
             return dataclasses.replace(result, stage="import", evidence=f"import {module}",
                                        detail={**result.detail, "run_note": "no CUDA device: "
                                                "the tiny call was not run"})  # fmt: skip
-        from ..verify import tiny_run
+        from .. import verify
 
-        note, exc = tiny_run(flavour, config)
-        if exc is not None:
-            error = f"{type(exc).__name__}: {exc}"[:2000]
+        note, exc = verify.tiny_run(flavour, config)  # gpu-only
+        if exc is not None:  # gpu-only
+            error = verify.describe_error(exc)
             why = reject(f"{flavour}.run_failed", f"{name} failed on a tiny problem: {error}",
-                         observed=type(exc).__name__, limit="runs without error", stage="run")
+                         observed=verify.error_type(exc), limit="runs without error",
+                         stage="run")  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(why,), stage="run")
-        detail = {**result.detail, **({"run_note": note} if note else {})}
-        return dataclasses.replace(result, stage="run" if note is None else "import",
+        detail = {**result.detail, **({"run_note": note} if note else {})}  # gpu-only
+        return dataclasses.replace(result, stage="run" if note is None else "import",  # gpu-only
                                    evidence=f"import {module}" + ("" if note else " + tiny run"),
                                    detail=detail)  # fmt: skip
 

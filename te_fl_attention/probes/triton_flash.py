@@ -9,7 +9,8 @@ masks. The constants below mirror the kernel's ``SUPPORTED`` (a test keeps them 
 kernel is not imported for the rules, so what-if questions need neither torch nor triton).
 
 Stages after the rules: a catalog device keeps the rule verdict (``detail["predicted"]``); the
-local GPU compiles and runs a tiny problem (stages ``compile``/``run``); the local CPU runs it in
+local GPU compiles and runs a tiny problem (stages ``compile``/``run``; isolated in the tiny-run
+worker process, :mod:`te_fl_attention.run_worker`); the local CPU runs it in
 the Triton interpreter when the probe was built with ``interpret=True`` (the selector sets that
 from ``TRITON_INTERPRET``; probes read no environment), else refuses at stage ``run``.
 """
@@ -174,21 +175,26 @@ class TritonFlashProbe(RuleProbe):
             reason = reject(code, why, observed=device.name, limit="CUDA GPU or TRITON_INTERPRET=1",
                             stage="run")  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(reason,), stage="run")
-        where = "the Triton interpreter (CPU)" if runner.tensor_device() == "cpu" else device.name
-        note, exc = verify.tiny_run("triton", config)
+        import torch
+
+        cpu = not torch.cuda.is_available()
+        where = "the Triton interpreter (CPU)" if cpu else device.name
+        note, exc = verify.tiny_run("triton", config)  # isolated in a worker on a GPU
         if exc is not None:
             stage = "compile" if _is_compile_error(exc) else "run"
-            text = f"{type(exc).__name__}: {exc}"[:2000]
+            text = verify.describe_error(exc)
             reason = reject(f"triton.{stage}_failed", f"our Triton kernel failed to {stage} a tiny "
-                            f"problem on {where}: {text}", observed=type(exc).__name__,
+                            f"problem on {where}: {text}", observed=verify.error_type(exc),
                             limit=f"{stage}s without error", stage=stage)  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(reason,), stage=stage)
         if note is not None:
             return dataclasses.replace(result, detail={"run_note": note})
         return dataclasses.replace(result, stage="run", evidence=f"ran a tiny problem on {where}",
-                                   detail={"interpreter": runner.tensor_device() == "cpu"})
+                                   detail={"interpreter": cpu})
 
 
 def _is_compile_error(exc: BaseException) -> bool:
-    """Triton's compiler errors (``triton.compiler.errors.CompilationError`` and kin)."""
-    return any(c.__module__.startswith("triton.compiler") for c in type(exc).__mro__)
+    """Triton's compiler errors (``triton.compiler.errors.CompilationError`` and kin; for a
+    failure reported by the tiny-run worker, the modules of the original's classes)."""
+    modules = getattr(exc, "modules", None) or [c.__module__ for c in type(exc).__mro__]
+    return any(m.startswith("triton.compiler") for m in modules)

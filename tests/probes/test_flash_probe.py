@@ -96,14 +96,12 @@ def test_fa4_on_this_machine(monkeypatch):
         assert "flash_attn.cute.interface" in fa4.reasons[0].message
 
 
-def test_tiny_run_on_a_gpu(monkeypatch):
-    """Import works, a GPU is there: the tiny call decides (stage run). Simulated."""
+def test_tiny_run_on_a_gpu(fake_gpu, monkeypatch):
+    """Import works, a (fake) GPU is there: the tiny call decides (stage run)."""
     from te_fl_attention import verify
-    from te_fl_attention.kernels import run as runner
 
     monkeypatch.setattr(flash_attn, "import_error", lambda module: None)
-    monkeypatch.setattr(runner, "tensor_device", lambda: "cuda")
-    device, c = profile("local:sm=80,fa2=2.8.3"), FusedAttnConfig()
+    device, c = profile("local:fa2=2.8.3"), FusedAttnConfig()
     monkeypatch.setattr(verify, "tiny_run", lambda b, cfg: (None, None))
     ok = flash_attn.FlashAttnProbe().probe(c, device)
     assert ok.supported and ok.chosen_variant().stage == "run"
@@ -111,5 +109,30 @@ def test_tiny_run_on_a_gpu(monkeypatch):
     bad = flash_attn.FlashAttnProbe().probe(c, device)
     fa2 = bad.variants[2]
     assert not bad.supported and fa2.stage == "run" and fa2.reasons[0].code == "fa2.run_failed"
-    assert "no kernel image" in fa2.reasons[0].message
+    assert "RuntimeError: no kernel image" in fa2.reasons[0].message
+    assert fa2.reasons[0].observed == "RuntimeError"
+    monkeypatch.setattr(verify, "tiny_run", lambda b, cfg: ("tiny run skipped: why", None))
+    noted = flash_attn.FlashAttnProbe().probe(c, device).variants[2]
+    assert noted.supported and noted.stage == "import" and noted.detail["run_note"].endswith("why")
     assert flash_attn.FlashAttnProbe(run=False).probe(c, device).supported
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_fa2_runs_mla_on_the_local_h100(fake_gpu, fake_flash, monkeypatch, training):
+    """MLA head dims (192/128) on the local (fake) H100 with flash-attn 2.8.3 installed: the
+    tiny run pads as TE does (the fake checks v's head size like flash_api.cpp), so FA2 is
+    accepted where TE would run it, at stage run."""
+    from te_fl_attention import verify
+    from te_fl_attention.presets import preset
+
+    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)  # in-process (the worker: elsewhere)
+    config = FusedAttnConfig(**preset("deepseek-v3"), is_training=training)
+    device = profile("local")
+    assert device.sm == 90 and device.flash_attn == "2.8.3"
+    r = flash_attn.FlashAttnProbe().probe(config, device)
+    fa2 = r.variants[2]
+    assert fa2.backend == "fa2" and fa2.supported and fa2.stage == "run", fa2.reasons
+    assert r.supported and r.detail["variant"] == "fa2" and "tiny run" in fa2.evidence
+    (entry, shapes), = fake_flash
+    assert shapes["q"][-1] == shapes["k"][-1] == shapes["v"][-1] == 192
+    assert fake_gpu.synchronize_calls == 1

@@ -117,3 +117,32 @@ def test_rules_match_the_kernels_supported_table():
         assert (softmax in SUPPORTED["softmax_types"]) != bool(refused(softmax_type=softmax))
     assert bool(refused(dropout=0.1)) != SUPPORTED["dropout"]
     assert bool(refused(fp8=True)) != SUPPORTED["fp8"]
+
+
+# ------------------------------------------------------------------------------ on a (fake) GPU
+def test_on_a_gpu_a_compile_error_reported_by_the_worker_is_stage_compile(fake_gpu, monkeypatch):
+    from te_fl_attention import verify
+    from te_fl_attention.run_worker import RunFailure
+
+    exc = RunFailure("CompilationError", "at 12:4: bad tl.dot",
+                     ["builtins", "triton.compiler.errors"])  # fmt: skip
+    monkeypatch.setattr(verify, "tiny_run", lambda b, c: (None, exc))
+    device = profile("local")
+    r = TritonFlashProbe().probe(FusedAttnConfig(), device)
+    assert not r.supported and r.stage == "compile"
+    (why,) = r.reasons
+    assert why.code == "triton.compile_failed" and why.observed == "CompilationError"
+    assert f"on {device.name}: CompilationError: at 12:4: bad tl.dot" in why.message
+
+
+@needs_interpreter
+def test_on_a_gpu_the_tiny_run_is_the_kernels(fake_gpu, monkeypatch):
+    """The GPU branch with the kernel itself (run by the interpreter: tensors stay on CPU),
+    in-process, synchronized after the run."""
+    from te_fl_attention import verify
+
+    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)
+    device = profile("local")
+    r = TritonFlashProbe().probe(FusedAttnConfig(max_seqlen_q=16, head_dim_qk=32), device)
+    assert r.supported and r.stage == "run" and r.detail == {"interpreter": False}
+    assert r.evidence == f"ran a tiny problem on {device.name}" and fake_gpu.synchronize_calls == 1
