@@ -99,7 +99,7 @@ def collect() -> dict[Path, set[int]]:
 
 
 def run_suite(tests: list[str], data_file: Path) -> int:
-    rc_file = data_file.with_suffix(".rc")
+    rc_file = data_file.parent / "coveragerc"
     rc_file.write_text(
         "[run]\nbranch = True\nparallel = True\n"
         f"source = {PACKAGE}\ndata_file = {data_file}\npatch = subprocess\n"
