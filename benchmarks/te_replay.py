@@ -8,8 +8,10 @@ it, and handed to
 
 * TE 2.20.2's own ``get_attention_backend``, run on CPU (``tests/probes/te_cpu.py``: compute
   capability, cuDNN version and flash-attn installs patched to the profile); its C++ cuDNN query
-  ``tex.get_fused_attn_backend``, which cannot run here, is answered by our cuDNN support table
-  (``probes.cudnn.TABLE_RULES``, via ``tests/te/stub_tex.table_fused_backend``), and
+  ``tex.get_fused_attn_backend``, which cannot run here, refuses what TE's C++ refuses before
+  building a graph (``te_cpu.cpp_prechecks``, an oracle written from TE's C++) and otherwise
+  answers with our prediction of cuDNN's verdict (``probes.cudnn.TABLE_RULES``, via
+  ``tests/te/stub_tex.table_fused_backend``), and
 * our plugin's ``get_attention_backend`` (rule stage: ``Selector(default_probes(graph=False))``)
   with the same policy (TE's defaults; our Triton candidate off, ``TE_FL_ATTN_TRITON=0``, since
   TE has none).
@@ -209,7 +211,9 @@ def attention_params(te: Any, case: Case) -> Any:
     utils = te.utils
     b, sq, skv, h, hg, dqk, dv = (c[k] for k in ("b", "sq", "skv", "h", "hg", "dqk", "dv"))
     mask = kw.get("attn_mask_type", "no_mask")
-    thd = "thd" in case.layout
+    # DotProductAttention passes q.shape[0] / k.shape[0] as num_tokens_q/kv for a thd q (kv)
+    # format, t3hd and th3d included (TE's C++ refuses a ragged tensor without them).
+    thd = utils.get_qkv_format(case.layout)[1] == "thd"
     if (thd or case.kv_cache) and "padding" not in mask:
         mask = "padding" if mask == "no_mask" else f"padding_{mask}"
     window = kw.get("window_size", (-1, -1))
@@ -310,6 +314,7 @@ class Replay:
         from te_fl_attention.selector import Selector
 
         self.te = te_cpu.TE()
+        self.prechecks = te_cpu.cpp_prechecks
         self.table = stub_tex.table_fused_backend
         self.env_vars = ENV_VARS
         self.selector = Selector(default_probes(graph=False))
@@ -325,7 +330,7 @@ class Replay:
             case.device, self._make(device))
         tex = self.te.te.tex
         saved = tex.get_fused_attn_backend
-        tex.get_fused_attn_backend = lambda params: self.table(params, device)
+        tex.get_fused_attn_backend = lambda params: self.cpp_query(params, device)
         ours_env = {k: None for k in self.env_vars} | {"TE_FL_ATTN_TRITON": "0"}
         try:
             with self.te.device(device), self.te._captured_log(self.debug) as lines, \
@@ -344,6 +349,15 @@ class Replay:
             reasons[r.backend] = tuple(codes)
         log = tuple(x for x in lines if "isabling" in x or "Selected" in x)
         return Outcome(case, _as_fields(te_answer), _as_fields(ours), log, reasons)
+
+    def cpp_query(self, params: Any, device: Any) -> tuple[int, str]:
+        """TE's C++ query: its own pre-graph refusals, then the predicted cuDNN verdict."""
+        from te_fl_attention.probes.base import cudnn_version
+
+        refused = self.prechecks(params, device.sm, cudnn_version(device) or (0, 0, 0))
+        if refused is not None:
+            return -1, refused[1]
+        return self.table(params, device)
 
 
 # ---------------------------------------------------------------------------- explanations

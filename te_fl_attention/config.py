@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: Bumped whenever the meaning of a field or the normalization changes (it is part of the key).
-CONFIG_SCHEMA = 1
+#: 2: ``num_tokens_q`` / ``num_tokens_kv`` (TE 2.20's token counts, bucketed) were added.
+CONFIG_SCHEMA = 2
 
 DTYPES = ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2")
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
@@ -93,6 +94,50 @@ def _float(name: str, value: Any, lo: float, hi: float, hi_open: bool = True) ->
     if not math.isfinite(value) or value < lo or value > hi or (hi_open and value == hi):
         raise _bad(name, value, f"expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
     return value
+
+
+def _te_bucket(n: int, floor_log2: int, pow2_log2: int) -> int:
+    """TE's size buckets (fused_attn/utils.cu): ``2**floor_log2`` up to it, the next power of two
+    up to ``2**pow2_log2``, then the next multiple of ``2**pow2_log2``."""
+    log2 = max(0, (int(n) - 1).bit_length())  # ceil(log2 n)
+    if log2 <= floor_log2:
+        return 1 << floor_log2
+    if log2 <= pow2_log2:
+        return 1 << log2
+    step = 1 << pow2_log2
+    return -(-int(n) // step) * step
+
+
+def te_max_tokens(num_tokens: int) -> int:
+    """TE's token bucket for a ragged (thd) tensor: ``t <= 1024`` -> 1024; up to 32768 -> the next
+    power of two; above -> the next multiple of 32768. TE 2.20.2 fused_attn/utils.cu,
+    ``get_max_tokens`` (used by ``FusedAttnConfig::derive()`` for ``bucketed_num_tokens_q/kv``)."""
+    return _te_bucket(num_tokens, 10, 15)
+
+
+def te_max_batch_size(batch_size: int) -> int:
+    """TE's batch bucket for ragged graphs: ``b <= 32`` -> 32; up to 512 -> the next power of two;
+    above -> the next multiple of 512. TE 2.20.2 fused_attn/utils.cu, ``get_max_batch_size``."""
+    return _te_bucket(batch_size, 5, 9)
+
+
+def ragged_pieces(qkv_layout: str) -> tuple[bool, bool]:
+    """Whether TE's C++ sees a ragged (thd) q and a ragged k/v in this layout: its
+    ``nvte_get_q_format`` / ``nvte_get_kv_format`` (``thd_bshd_bshd``: q only;
+    ``paged_kv_thd_bshd_bshd``: q only; ``t3hd``: both). TE 2.20.2 config_and_params.cpp,
+    ``FusedAttnConfig::derive()``: ``is_ragged_q/kv``."""
+    parts = qkv_layout.replace("paged_kv_", "").split("_")
+    return "t" in parts[0], "t" in (parts[1] if len(parts) > 1 else parts[0])
+
+
+def _tokens(value: Any) -> int | None:
+    """A token count read from TE's params: an int as given (validation names a bad one)."""
+    if value is None or isinstance(value, bool):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def is_causal(mask: str) -> bool:
@@ -199,6 +244,8 @@ class FusedAttnConfig:
     has_score_mod_bprop: bool = False
     checkpoint_core_attention: bool = False
     softmax_scale: float | None = None
+    num_tokens_q: int | None = None
+    num_tokens_kv: int | None = None
 
     # ------------------------------------------------------------------ normalization
     def __post_init__(self) -> None:  # noqa: C901 - one linear pass over the fields
@@ -251,6 +298,22 @@ class FusedAttnConfig:
         else:
             _int("page_size", self.page_size, 0)
             s(self, "page_size", 0)
+
+        # Token counts (TE 2.20: q.shape[0] / k.shape[0] of a thd tensor, padding included). Only
+        # a ragged (thd) q or kv shapes TE's graph, and only through its bucket (get_max_tokens),
+        # so they are kept bucketed, defaulting to batch * max_seqlen; None for other formats.
+        # An explicit 0 stays 0: TE's C++ refuses a ragged tensor without a token count.
+        ragged_q, ragged_kv = ragged_pieces(self.qkv_layout)
+        for name, ragged, seqlen in (("num_tokens_q", ragged_q, self.max_seqlen_q),
+                                     ("num_tokens_kv", ragged_kv, self.max_seqlen_kv)):
+            tokens = getattr(self, name)
+            if tokens is not None:
+                _int(name, tokens, 0)
+            if not ragged:
+                s(self, name, None)
+            elif tokens != 0:
+                s(self, name, te_max_tokens(self.batch_size * seqlen if tokens is None
+                                            else tokens))  # fmt: skip
 
         # Mask, window, diagonal alignment (TE's DotProductAttention.forward rules).
         mask = normalize_mask(self.attn_mask_type)
@@ -521,6 +584,10 @@ class FusedAttnConfig:
             checkpoint_core_attention=bool(g(params, "checkpoint_core_attention", False)),
             # TE's AttentionParams default is 1.0 ("not given"); we keep None for "default".
             softmax_scale=float(scale) if scale not in (None, 1.0) else None,
+            # TE 2.20 passes q/k.shape[0] for a thd tensor (0 otherwise: normalized away); older
+            # TE has no such field ("not given": the default count).
+            num_tokens_q=_tokens(g(params, "num_tokens_q", None)),
+            num_tokens_kv=_tokens(g(params, "num_tokens_kv", None)),
         )
 
     @classmethod
@@ -529,7 +596,8 @@ class FusedAttnConfig:
         """Build from q/k/v tensors in ``bshd``, ``sbhd`` or ``thd`` (needs ``cu_seqlens_q``).
 
         For ``thd``, pass ``cu_seqlens_q`` / ``cu_seqlens_kv`` (1-D int tensors); the batch is
-        ``len(cu_seqlens_q) - 1`` and the max sequence lengths are read from them unless given.
+        ``len(cu_seqlens_q) - 1`` and the max sequence lengths are read from them unless given;
+        the token counts are ``q.shape[0]`` / ``k.shape[0]`` (as TE passes them).
         """
         fmt = _choice("qkv_format", qkv_format, ("bshd", "sbhd", "thd"))
         cu_q = kw.pop("cu_seqlens_q", None)
@@ -543,6 +611,8 @@ class FusedAttnConfig:
             lens_kv = (cu_kv[1:] - cu_kv[:-1]).tolist()
             batch, sq, skv = len(lens_q), max(lens_q), max(lens_kv)
             kw.setdefault("attn_mask_type", "padding")
+            kw.setdefault("num_tokens_q", int(q.shape[0]))
+            kw.setdefault("num_tokens_kv", int(k.shape[0]))
         elif fmt == "bshd":
             batch, sq, skv = q.shape[0], q.shape[1], k.shape[1]
         else:
@@ -607,4 +677,5 @@ def canonical_bias_shape(code: str, batch: int, heads: int, sq: int) -> str:
 
 
 __all__ = ["FusedAttnConfig", "CONFIG_SCHEMA", "normalize_window", "normalize_mask",
-           "layout_formats", "layout_group", "is_causal", "field"]  # fmt: skip
+           "layout_formats", "layout_group", "is_causal", "field", "ragged_pieces",
+           "te_max_batch_size", "te_max_tokens"]  # fmt: skip

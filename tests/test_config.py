@@ -22,6 +22,8 @@ from te_fl_attention.config import (
     SOFTMAX_TYPES,
     FusedAttnConfig,
     layout_formats,
+    te_max_batch_size,
+    te_max_tokens,
 )
 
 C = FusedAttnConfig
@@ -133,6 +135,44 @@ def test_layout_formats_with_kv_cache():
     assert (c.qkv_format, c.q_format, c.kv_format) == ("thd_2bshd", "thd", "bshd")
 
 
+@pytest.mark.parametrize(
+    "tokens, bucket",
+    [(1, 1024), (1000, 1024), (1024, 1024), (1025, 2048), (4096, 4096), (5000, 8192),
+     (32768, 32768), (32769, 65536), (70000, 98304)],
+)  # fmt: skip
+def test_te_token_bucket(tokens, bucket):
+    # TE 2.20.2 utils.cu get_max_tokens: <= 1024 -> 1024, powers of two to 32768, then
+    # multiples of 32768.
+    assert te_max_tokens(tokens) == bucket
+
+
+@pytest.mark.parametrize("batch, bucket", [(1, 32), (32, 32), (33, 64), (300, 512), (512, 512),
+                                           (513, 1024), (1100, 1536)])  # fmt: skip
+def test_te_batch_bucket(batch, bucket):
+    assert te_max_batch_size(batch) == bucket
+
+
+def test_num_tokens_bucketed_for_thd_and_dropped_otherwise():
+    thd = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding", batch_size=4,
+               max_seqlen_q=512, max_seqlen_kv=300)  # fmt: skip
+    c = C(**thd)  # default: batch * max_seqlen, bucketed
+    assert (c.num_tokens_q, c.num_tokens_kv) == (2048, 2048)
+    c = C(**thd, num_tokens_q=1500, num_tokens_kv=3000)
+    assert (c.num_tokens_q, c.num_tokens_kv) == (2048, 4096)
+    # one graph, one key: every count in a bucket normalizes alike, a new bucket splits it
+    assert C(**thd, num_tokens_q=1100).key() == C(**thd, num_tokens_q=2048).key()
+    assert C(**thd, num_tokens_q=2049).key() != C(**thd, num_tokens_q=2048).key()
+    # q thd, kv not (TE's C++ reads kv as bshd): only the q count is kept
+    c = C(qkv_layout="thd_bshd_bshd", attn_mask_type="padding", num_tokens_kv=77)
+    assert (c.num_tokens_q, c.num_tokens_kv) == (1024, None)
+    c = C(qkv_layout="paged_kv_thd_bshd_bshd", page_size=16, attn_mask_type="padding",
+          num_tokens_q=5000)  # fmt: skip
+    assert (c.num_tokens_q, c.num_tokens_kv) == (8192, None)
+    assert C(num_tokens_q=5000, num_tokens_kv=9).key() == C().key()  # bshd: no token counts
+    assert C(**thd, num_tokens_q=3000).to_dict()["num_tokens_q"] == 4096
+    assert C.from_dict(C(**thd, num_tokens_q=3000).to_dict()) == C(**thd, num_tokens_q=4096)
+
+
 # ----------------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "kw, message",
@@ -156,6 +196,12 @@ def test_layout_formats_with_kv_cache():
         (dict(cp_comm_type="ring", cp_size=2), "cp_comm_type='ring'"),
         (dict(softmax_scale=0.0), "softmax_scale"),
         (dict(num_splits=0), "num_splits=0"),
+        (dict(num_tokens_q=-1), "num_tokens_q=-1 is not valid: expected an integer >= 0"),
+        (dict(num_tokens_kv=-5, qkv_layout="thd_thd_thd", attn_mask_type="padding"),
+         "num_tokens_kv=-5 is not valid: expected an integer >= 0"),
+        (dict(num_tokens_q=True), "num_tokens_q=True"),
+        (dict(num_tokens_q=12.5), "num_tokens_q=12.5"),
+        (dict(num_tokens_kv="1024"), "num_tokens_kv='1024'"),
     ],
 )  # fmt: skip
 def test_bad_values_name_field_value_and_allowed(kw, message):
@@ -221,6 +267,8 @@ def _valid_kwargs():
             kv_cache=kv_cache, page_size=draw(st.sampled_from([16, 64, 256])) if paged else 0,
             num_splits=draw(st.sampled_from([1, 4])),
             softmax_scale=draw(st.sampled_from([None, 0.125, 0.0884])),
+            num_tokens_q=draw(st.sampled_from([None, 1, 1500, 40000])),
+            num_tokens_kv=draw(st.sampled_from([None, 7, 1024, 70000])),
         )  # fmt: skip
 
     return build()
@@ -284,6 +332,21 @@ def test_from_attention_params_te_2_20_fields():
     assert c.softmax_scale is None  # TE's 1.0 default means "not given"
 
 
+def test_from_attention_params_reads_te_token_counts():
+    base = dict(qkv_dtype="torch.bfloat16", qkv_layout="thd_thd_thd", batch_size=3,
+                max_seqlen_q=256, max_seqlen_kv=256, attn_mask_type="padding_causal")
+    c = C.from_attention_params(SimpleNamespace(**base, num_tokens_q=700, num_tokens_kv=5000))
+    assert (c.num_tokens_q, c.num_tokens_kv) == (1024, 8192)
+    # a thd tensor with a token count of 0 stays 0 (TE's C++ refuses it: fused_cpp.thd_num_tokens)
+    c = C.from_attention_params(SimpleNamespace(**base, num_tokens_q=0, num_tokens_kv=0))
+    assert (c.num_tokens_q, c.num_tokens_kv) == (0, 0)
+    # TE < 2.20 has no such field: the default count
+    assert C.from_attention_params(SimpleNamespace(**base)).num_tokens_q == 1024
+    c = C.from_attention_params(SimpleNamespace(**{**base, "qkv_layout": "bshd_bshd_bshd"},
+                                                num_tokens_q=0, num_tokens_kv=0))  # fmt: skip
+    assert (c.num_tokens_q, c.num_tokens_kv) == (None, None)
+
+
 def test_from_attention_params_older_te_missing_fields():
     params = SimpleNamespace(qkv_dtype="torch.bfloat16", qkv_layout="sbh3d",
                              core_attention_bias_type="post_scale_bias",
@@ -314,3 +377,8 @@ def test_from_tensors_bshd_and_thd():
     c = C.from_tensors(t, t, t, qkv_format="thd", cu_seqlens_q=cu)
     assert (c.batch_size, c.max_seqlen_q, c.qkv_format, c.dtype) == (3, 8, "thd", "fp16")
     assert c.attn_mask_type == "padding"
+    # TE's num_tokens_q/kv are q.shape[0] / k.shape[0]; 20 and 2000 tokens fall in 1024, 2048
+    k = torch.zeros(2000, 4, 64, dtype=torch.float16)
+    c = C.from_tensors(t, k, k, qkv_format="thd", cu_seqlens_q=cu,
+                       cu_seqlens_kv=torch.tensor([0, 700, 1400, 2000], dtype=torch.int32))
+    assert (c.num_tokens_q, c.num_tokens_kv, c.max_seqlen_kv) == (1024, 2048, 700)

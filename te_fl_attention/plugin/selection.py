@@ -5,8 +5,10 @@
 available_backends)``. Three paths:
 
 * **eager, repeated params**: a memo keyed on the params' field values (read with one
-  ``operator.itemgetter`` over the instance ``__dict__``) and a snapshot of the policy's
-  environment variables; no ``FusedAttnConfig`` is built on a hit.
+  ``operator.itemgetter`` over the instance ``__dict__``; the thd token counts
+  ``num_tokens_q/kv`` by TE's bucket, :func:`token_bucket`, since only the bucket shapes TE's
+  graph) and a snapshot of the policy's environment variables; no ``FusedAttnConfig`` is built
+  on a hit.
 * **eager, new params**: ``FusedAttnConfig.from_attention_params`` -> ``Selector.decide`` on the
   plugin's device -> translation (below); the result is memoized.
 * **torch.compile**: the environment is read with ``os.environ.get`` (dynamo guards keys present
@@ -15,8 +17,9 @@ available_backends)``. Three paths:
   can react to (:func:`shape_predicates`: ``s_q == 1``, ``s_q <= s_kv``, divisibility, ranges),
   each a guard on the predicate, never on a size; the decision is made for the smallest
   representative sizes with the same predicates (:func:`representative`). So a new batch size or
-  sequence length recompiles only when a predicate flips. Head counts and head dims are
-  specialized (a change can change any verdict).
+  sequence length recompiles only when a predicate flips. The thd token counts enter as their
+  bucket (a guard on the bucket's bounds, :func:`traced_token_bucket`). Head counts and head dims
+  are specialized (a change can change any verdict).
 
 Translation: ``flash_attention_backend`` is a :class:`BackendVersion` (a ``packaging`` Version)
 naming the flash-tier backend that runs: the installed flash-attn flavour's version, or
@@ -48,7 +51,7 @@ from packaging.version import Version
 from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from .. import __version__
-from ..config import FusedAttnConfig, classify_bias_shape
+from ..config import FusedAttnConfig, classify_bias_shape, te_max_tokens
 from ..device import DeviceProfile, profile
 from ..policy import _PREFER, ENV_VARS, Policy
 from ..reasons import Decision, NoBackendError
@@ -113,6 +116,27 @@ def shape_predicates(b: Any, h: int, sq: Any, skv: Any) -> tuple[bool, ...]:
         t(skv % 64 == 0), t(skv % 128 == 0), t(skv % 256 == 0), t(skv > 1024),
         t(b * h * sq * skv >= 1 << 30),
     )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def token_bucket(tokens: int) -> int:
+    """A thd token count as TE's C++ sees it: its bucket (``te_max_tokens``); 0 (what TE passes
+    for a non-thd tensor) stays 0. Cached: it runs on the memo's hot path."""
+    return te_max_tokens(tokens) if tokens else 0
+
+
+def traced_token_bucket(tokens: Any) -> int:
+    """:func:`token_bucket` of a possibly symbolic count: under torch.compile it guards on the
+    bucket's bounds only (``t <= 1024``, ``t <= 2^k``), never on the count (above 32768 on its
+    multiple of 32768)."""
+    if isinstance(tokens, int):
+        return token_bucket(tokens)
+    if not _truth(tokens > 0):
+        return 0
+    for bound in (1024, 2048, 4096, 8192, 16384, 32768):
+        if _truth(tokens <= bound):
+            return bound
+    return te_max_tokens(guard_scalar(tokens))
 
 
 _SEQS = (1, 2, 3, *sorted({x for k in range(6, 24) for x in (1 << k, (1 << k) + 64,
@@ -408,6 +432,9 @@ class TEBackend:
         inf = getattr(p, "inference_params", None)
         kv = None if inf is None else (bool(getattr(inf, "is_paged", False)),
                                        guard_scalar(getattr(inf, "page_size", 0) or 0))
+        for name in _TOKEN_FIELDS:
+            if hasattr(p, name):
+                fields.append((name, traced_token_bucket(getattr(p, name))))
         env = tuple(os.environ.get(name) for name in ENV_VARS)
         return _constant_select(self.epoch, preds, tuple(fields), bias, alibi_rank, fp8, kv, env)
 
@@ -467,21 +494,41 @@ def _frozen(key: tuple) -> tuple | None:
     return out
 
 
-#: AttentionParams fields the key leaves out: ``fp8_meta`` (keyed by its recipe instead) and the
-#: thd token counts (they change every batch and no rule reads them).
-_UNKEYED = ("fp8_meta", "num_tokens_q", "num_tokens_kv")
+#: TE's thd token counts (q.shape[0] / k.shape[0]; 0 for other formats): keyed by their bucket.
+_TOKEN_FIELDS = ("num_tokens_q", "num_tokens_kv")
+#: AttentionParams fields the key leaves out as they are: ``fp8_meta`` (keyed by its recipe
+#: instead) and the token counts (they change every batch; keyed by their bucket instead).
+_UNKEYED = ("fp8_meta", *_TOKEN_FIELDS)
 
 
 def _field_getter(cls: type) -> Callable[[dict], tuple] | None:
-    """One C call that reads every keyed field from an instance ``__dict__``."""
+    """Reads every keyed field from an instance ``__dict__`` (one C call), then the token
+    counts' buckets: two calls whose counts share a bucket share a key, others do not."""
     if not dataclasses.is_dataclass(cls):
         return None
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in _UNKEYED]
+    every = [f.name for f in dataclasses.fields(cls)]
+    names = [n for n in every if n not in _UNKEYED]
     if len(names) < 2:
         return None
-    return operator.itemgetter(*names)
+    fields_of = operator.itemgetter(*names)
+    tokens = tuple(n for n in _TOKEN_FIELDS if n in every)
+    if not tokens:
+        return fields_of
+
+    if tokens == _TOKEN_FIELDS:  # TE's AttentionParams: the hot path, unrolled
+
+        def getter(d: dict) -> tuple:
+            nq, nkv = d["num_tokens_q"], d["num_tokens_kv"]
+            return fields_of(d) + (nq and token_bucket(nq), nkv and token_bucket(nkv))
+
+        return getter
+
+    def getter_any(d: dict) -> tuple:
+        return fields_of(d) + tuple(token_bucket(d[n]) for n in tokens)
+
+    return getter_any
 
 
 __all__ = ["TEBackend", "BackendVersion", "TRITON_VERSION", "FLASH_TIER", "shape_predicates",
-           "representative", "env_key", "env_defaults",
+           "representative", "env_key", "env_defaults", "token_bucket", "traced_token_bucket",
            "fused_backend_translator", "te_version", "current", "set_current"]  # fmt: skip

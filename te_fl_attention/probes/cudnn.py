@@ -1,12 +1,17 @@
-"""FusedAttention (cuDNN): TE 2.20's Python-side filters and the shape of its support table.
+"""FusedAttention (cuDNN): TE 2.20.2's Python-side filters, its C++ refusals, and a prediction of
+cuDNN's own verdict.
 
-Two rule groups run here:
+Three rule groups run here, each TE condition stated once, in the group where TE decides it:
 
-* ``PYTHON_RULES`` mirror ``get_attention_backend``'s FusedAttention filters.
-* ``TABLE_RULES`` state the documented shape of ``nvte_get_fused_attn_backend``'s support table
-  by cuDNN version and sm. In TE 2.20.2 that query builds real cuDNN graphs; these rules are only
-  a prediction of it (stage ``rule``, codes ``cudnn_table.*``). The real graph-build probe runs
-  after them when cudnn-frontend is available.
+* ``PYTHON_RULES`` (and ``determinism``) mirror ``get_attention_backend``'s FusedAttention
+  filters (codes ``fused.*``). Binding.
+* ``CPP_RULES`` mirror what TE 2.20.2's C++ query ``nvte_get_fused_attn_backend_v2``
+  (``fused_attn.cpp``) refuses *before* it builds a cuDNN graph (codes ``fused_cpp.*``). Binding
+  too: TE never asks cuDNN for these configs, whatever cuDNN would say.
+* ``TABLE_RULES`` predict what cuDNN itself answers for TE's graphs when cuDNN cannot be asked
+  (another cuDNN version than the installed one, no cudnn-frontend): stage ``rule``, codes
+  ``cudnn_table.*``. The real graph-build probe runs after the binding rules when cudnn-frontend
+  is available, and its verdict replaces the prediction (a disagreement is ``rule_drift``).
 
 ``fused_sub_backend`` names TE's sub-backend: 1 (F16_arbitrary_seqlen) or 2 (FP8).
 """
@@ -17,7 +22,7 @@ import importlib.util
 import time
 from typing import Any
 
-from ..config import FusedAttnConfig
+from ..config import FusedAttnConfig, te_max_batch_size, te_max_tokens
 from ..device import DeviceProfile
 from ..reasons import ProbeResult, Reason
 from .base import Rule, RuleProbe, cudnn_version, evaluate, fmt_version, no_gpu, reject, version
@@ -469,21 +474,226 @@ PYTHON_RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 
-# ------------------------------------------------------------------ cuDNN support-table shape
+# ---------------------------------------------------------- TE's C++ refusals (before cuDNN)
+def _known_device(rule: Rule) -> Rule:
+    """Table rules need a GPU and a cuDNN version (their absence is reported once, earlier)."""
+
+    def guarded(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        return rule(c, d) if d.sm is not None and cudnn_version(d) is not None else None
+
+    guarded.__name__, guarded.__doc__ = rule.__name__, rule.__doc__
+    return guarded
+
+
+def _layout_formats(layout: str) -> tuple[str, str]:
+    """The q and kv formats the C++ side reads off a layout (``nvte_get_q_format`` /
+    ``nvte_get_kv_format``): ``sbhd_bs2hd`` -> (sbhd, bshd), ``t3hd`` -> (thd, thd)."""
+    parts = layout.replace("paged_kv_", "").split("_")
+    alpha = ["".join(ch for ch in p if ch.isalpha()) for p in parts]
+    return alpha[0], alpha[-1]
+
+
+def _cpp_qkv_format(layout: str) -> str:
+    """``nvte_get_qkv_format``: the common format, or ``q_2kv`` for mixed q/kv formats."""
+    q, kv = _layout_formats(layout)
+    return q if q == kv else f"{q}_2{kv}"
+
+
+def _ragged(c: FusedAttnConfig) -> tuple[bool, bool]:
+    """``FusedAttnConfig::derive()``: ``is_ragged_q`` / ``is_ragged_kv`` (a thd q / k-v)."""
+    q, kv = _layout_formats(c.qkv_layout)
+    return q == "thd", kv == "thd"
+
+
+def _fp8_layouts(c: FusedAttnConfig) -> tuple[str, str]:
+    """The ``qkv_layout`` and ``dqkv_layout`` TE hands the FP8 C++ query
+    (``get_fused_attn_spec``): ``paged_kv_`` dropped; for MXFP8 anything but bshd/sbhd becomes
+    ``bhsd_bhsd_bhsd``; ``dqkv_layout`` is the caller's layout."""
+    layout = c.qkv_layout.replace("paged_kv_", "")
+    if c.fp8_recipe == "mxfp8" and layout not in ("bshd_bshd_bshd", "sbhd_sbhd_sbhd"):
+        layout = "bhsd_bhsd_bhsd"
+    return layout, c.qkv_layout
+
+
+def _ragged_graph(d: DeviceProfile) -> bool:
+    """``uses_ragged_graph`` in TE 2.20.2's ``derive()``: sm >= 90 and not sm120."""
+    return (d.sm or 0) >= 90 and d.sm != 120
+
+
+def _step_seqlens_kv(c: FusedAttnConfig) -> tuple[int, ...]:
+    """The s_kv of every graph TE's C++ query is asked about: with context parallelism, one per
+    per-step config (TE 2.20.2 context_parallel.py, ``cp_per_step_configs``: a2a keeps s_kv;
+    all_gather asks for s_kv / (2 cp) and s_kv; p2p for s_kv / p2p_size, and a causal mask adds
+    half of that). For a2a+p2p the a2a group is taken as 2 ranks (an even cp_size; the config
+    does not carry TE's ``cp_size_a2a``)."""
+    skv, cp, ct = c.max_seqlen_kv, c.cp_size, c.cp_comm_type
+    if not c.context_parallel or ct == "a2a":
+        return (skv,)
+    if ct == "all_gather":
+        return (skv // (2 * cp), skv)
+    r_kv = skv // (cp // 2 if ct == "a2a+p2p" and cp % 2 == 0 else cp)
+    return (r_kv, r_kv // 2) if "causal" in c.attn_mask_type else (r_kv,)
+
+
+def _f16(c: FusedAttnConfig) -> bool:
+    return fused_sub_backend(c) == F16_ARBITRARY_SEQLEN and c.dtype in ("fp16", "bf16")
+
+
+def _c(code: str, message: str, observed: object, limit: object, hint: str | None = None
+       ) -> Reason:  # fmt: skip
+    return reject(f"fused_cpp.{code}", message + " (TE's C++ refuses it before asking cuDNN)",
+                  observed=observed, limit=limit, hint=hint)  # fmt: skip
+
+
+def cpp_ragged_inputs(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2 (checks 1-2): a ragged (thd) q or
+    k/v needs a padding mask ("THD format requires PADDING / PADDING_CAUSAL /
+    PADDING_CAUSAL_BOTTOM_RIGHT mask") and a non-zero num_tokens_q / num_tokens_kv for each
+    ragged tensor. (A token count of 0 is what TE passes when AttentionParams lacks it.)"""
+    rq, rkv = _ragged(c)
+    if not (rq or rkv):
+        return None
+    if "padding" not in c.attn_mask_type:
+        return _c("thd_mask", f"thd needs a padding mask type (found {c.attn_mask_type})",
+                  c.attn_mask_type, "padding, padding_causal, padding_causal_bottom_right")
+    tokens = (getattr(c, "num_tokens_q", None) if rq else None,
+              getattr(c, "num_tokens_kv", None) if rkv else None)  # fmt: skip
+    if 0 in tokens:
+        return _c("thd_num_tokens", "thd needs num_tokens_q / num_tokens_kv (q.shape[0] / "
+                  "k.shape[0]) for its ragged tensors", tokens, "> 0")  # fmt: skip
+    return None
+
+
+def cpp_paged_kv(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2 (checks 3-4): paged KV needs a
+    padding mask, and num_pages, page_size and max_pages_per_seq set (non-zero) for K and V. A
+    validated FusedAttnConfig always has both (a KV cache needs a padding mask, a paged one a
+    page_size >= 1; num_pages and max_pages_per_seq follow from batch, s_kv and page_size), so
+    this rule only guards configs built around that validation."""
+    if not c.paged:
+        return None
+    if "padding" not in c.attn_mask_type:
+        return _c("paged_mask", f"paged KV needs a padding mask type (found {c.attn_mask_type})",
+                  c.attn_mask_type, "padding, padding_causal, padding_causal_bottom_right")
+    if c.page_size <= 0:
+        return _c("paged_dims", "paged KV needs num_pages, page_size and max_pages_per_seq",
+                  c.page_size, "page_size >= 1")  # fmt: skip
+    return None
+
+
+def cpp_pre_scale_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2 (check 5): "Fused attention does
+    not support pre-scale bias" (every dtype)."""
+    if c.bias_type == "pre_scale_bias":
+        return _c("pre_scale_bias", "pre_scale_bias is not supported by FusedAttention",
+                  c.bias_type, "no_bias, post_scale_bias, alibi",
+                  hint="use post_scale_bias or unfused")  # fmt: skip
+    return None
+
+
+def cpp_f16(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2 (checks 6a-6c, F16/BF16 q/k/v):
+    a thd q *and* thd k/v need sm >= 90 (one ragged side passes); cuDNN <= 9.15.0 with CUDA
+    graphs, training, a bshd/sbhd qkv_format, s_kv % 128 != 0 (for any context-parallel step's
+    s_kv: TE asks once per step) and no padding mask is refused (a known cuDNN bug); training
+    with the ragged stats (thd q on sm >= 90, not sm120) and the learnable softmax needs cuDNN
+    9.26.0 (a known backward bug)."""
+    if not _f16(c):
+        return None
+    sm, cv = d.sm or 0, _cv(d)
+    rq, rkv = _ragged(c)
+    if rq and rkv and sm < 90:
+        return _c("thd_sm90", f"thd q and k/v need sm >= 90 (found sm{sm})", sm, ">= 90")
+    odd = [s for s in _step_seqlens_kv(c) if s % 128]
+    if (cv <= (9, 15, 0) and c.is_training and _cpp_qkv_format(c.qkv_layout) in ("bshd", "sbhd")
+            and odd and c.cuda_graph and "padding" not in c.attn_mask_type):  # fmt: skip
+        return _c("cuda_graph_cudnn", "cuDNN <= 9.15.0 bug: CUDA graph training with s_kv % 128 "
+                  "!= 0", (fmt_version(cv), odd[0]),
+                  "cuDNN > 9.15.0 or s_kv % 128 == 0 (each context-parallel step)")  # fmt: skip
+    if c.is_training and rq and _ragged_graph(d) and c.softmax_type == "learnable" \
+            and cv < (9, 26, 0):  # fmt: skip
+        return _c("thd_learnable_bwd", "cuDNN < 9.26.0 bug: thd backward with the learnable "
+                  "softmax", fmt_version(cv), ">= 9.26.0")  # fmt: skip
+    return None
+
+
+def cpp_fp8(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2 (checks 7b-7d, FP8 q/k/v):
+    qkv_format (of the layout ``get_fused_attn_spec`` hands over) and, in training, the dqkv
+    layout's format in {bshd, sbhd, thd, bhsd} (mixed formats refused); thd needs cuDNN 9.23.0,
+    sm >= 100 for training, cuDNN 9.26.0 for a non-vanilla softmax in training, head dims <= 128
+    on sm >= 100; no post_scale_bias (ALiBi with slopes is one) and no ALiBi. The other FP8
+    checks are TE Python filters that run first, stated there once: 7a (no return_max_logit) is
+    ``max_logit.fp8``, 7f (MXFP8 needs cuDNN 9.21) ``fused.mxfp8_cudnn``; 7e (the recipe) cannot
+    fail for the dtypes ``get_fused_attn_spec`` produces."""
+    if fused_sub_backend(c) != FP8:
+        return None
+    sm, cv = d.sm or 0, _cv(d)
+    layout, dqkv_layout = _fp8_layouts(c)
+    fmt, allowed = _cpp_qkv_format(layout), ("bshd", "sbhd", "thd", "bhsd")
+    dfmt = _cpp_qkv_format(dqkv_layout)
+    if fmt not in allowed or (c.is_training and dfmt not in allowed):
+        return _c("fp8_format", f"FP8 fused attention with qkv_format = {fmt} (gradient format "
+                  f"{dfmt})", (fmt, dfmt), "bshd, sbhd, thd, bhsd")  # fmt: skip
+    if fmt == "thd":
+        if cv < (9, 23, 0):
+            return _c("fp8_thd_cudnn", "FP8 thd needs cuDNN 9.23.0", fmt_version(cv),
+                      ">= 9.23.0")  # fmt: skip
+        if c.is_training and sm < 100:
+            return _c("fp8_thd_bwd_sm", f"FP8 thd backward needs sm >= 100 (found sm{sm})", sm,
+                      ">= 100")  # fmt: skip
+        if c.is_training and c.softmax_type != "vanilla" and cv < (9, 26, 0):
+            return _c("fp8_thd_softmax", f"FP8 thd backward with softmax_type = "
+                      f"{c.softmax_type} needs cuDNN 9.26.0", fmt_version(cv), ">= 9.26.0")
+        if sm >= 100 and (c.head_dim_qk > 128 or c.head_dim_v > 128):
+            return _c("fp8_thd_head_dim", f"FP8 thd head dims ({c.head_dim_qk}, "
+                      f"{c.head_dim_v}) on sm{sm}", (c.head_dim_qk, c.head_dim_v), "<= 128")
+    btype, _, _ = _fused_bias(c)
+    if btype in ("post_scale_bias", "alibi"):
+        return _c("fp8_bias", f"FP8 fused attention with bias_type = {btype}", btype, "no_bias")
+    return None
+
+
+CPP_RULES: tuple[Rule, ...] = tuple(_known_device(r) for r in (
+    cpp_ragged_inputs, cpp_paged_kv, cpp_pre_scale_bias, cpp_f16, cpp_fp8,
+))  # fmt: skip
+
+
+# --------------------------------------------------------------- cuDNN's verdict, predicted
 def _t(code: str, message: str, observed: object, limit: object, hint: str | None = None
        ) -> Reason:  # fmt: skip
     return reject(
         f"cudnn_table.{code}",
-        message + " (predicted from TE's cuDNN support table)",
+        message + " (a prediction of cuDNN's verdict)",
         observed=observed,
         limit=limit,
         hint=hint,
     )
 
 
+def _bias_dims(c: FusedAttnConfig) -> tuple[int, int, int, int] | None:
+    """The ``[b, h, s_q, s_kv]`` bias tensor TE's graphs get for a post_scale_bias (ALiBi with
+    slopes included: TE passes it as a ``(1|b, h, s_q, s_kv)`` bias), or None."""
+    btype, shape, _ = _fused_bias(c)
+    if btype != "post_scale_bias" or shape is None:
+        return None
+    return (c.batch_size if shape[0] == "b" else 1, c.num_heads if shape[1] == "h" else 1,
+            1 if shape == "111s" else c.max_seqlen_q, c.max_seqlen_kv)  # fmt: skip
+
+
+def _has_dbias(c: FusedAttnConfig) -> bool:
+    """TE 2.20.2 fused_attn_f16_arbitrary_seqlen.cu, create_graph_f16_bwd: the backward graph
+    carries dBias for every post_scale_bias except a ``[1, 1, 1, s_kv]`` one, whether or not the
+    bias requires grad (the torch extension always allocates dBias)."""
+    dims = _bias_dims(c)
+    return c.is_training and dims is not None and dims[:3] != (1, 1, 1)
+
+
 def table_arch(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """nvte_get_fused_attn_backend: F16 needs 80 <= sm < 100, or sm >= 100 with cuDNN 9.7;
-    FP8 needs sm >= 90; sm120 needs cuDNN 9.18.1; cuDNN 9.10.0/9.10.1 are excluded."""
+    """cuDNN by version and sm, as TE's pre-2.20 support table (nvte_get_fused_attn_backend)
+    stated it: F16 needs 80 <= sm < 100, or sm >= 100 with cuDNN 9.7; FP8 needs sm >= 90; sm120
+    needs cuDNN 9.18.1; cuDNN 9.10.0/9.10.1 are excluded. TE 2.20.2 requires cuDNN 9.12, so the
+    gates below 9.12 only answer what-if versions (``h100:cudnn=9.10.2``)."""
     sm, cv = d.sm or 0, _cv(d)
     if cv < (9, 0, 0):
         return _t("cudnn_old", "cuDNN older than 9.0", fmt_version(cv), ">= 9.0")
@@ -505,11 +715,13 @@ def table_arch(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_head_dim(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's cuDNN support table (nvte_get_fused_attn_backend), F16 head dims: both % 8 == 0
-    and <= 128; <= 256 on sm90 (training cuDNN 9.5); any size for inference on cuDNN 9.10.2+
-    (s_q > 1, or paged, or non-causal decode); (192, 128) training on sm100+ (cuDNN 9.11);
-    (256, 256) training on sm100-109 (cuDNN 9.23, 9.25 for thd); minus the Hopper MLA backward
-    bug (cuDNN 9.11+, dqk, dv >= 128, dqk != dv, not (192, 128))."""
+    """cuDNN's F16 head dims, as TE's pre-2.20 support table (nvte_get_fused_attn_backend)
+    stated them: both % 8 == 0 and <= 128; <= 256 on sm90 (training cuDNN 9.5); any size for
+    inference on cuDNN 9.10.2+ (s_q > 1, or paged, or non-causal decode); (192, 128) training on
+    sm100+ (cuDNN 9.11); (256, 256) training on sm100-109 (cuDNN 9.23, 9.25 for thd); minus the
+    Hopper MLA backward bug (cuDNN 9.11+, dqk, dv >= 128, dqk != dv, not (192, 128)). TE 2.20.2's
+    C++ has no head-dim rule for F16 (cuDNN answers); the gates below cuDNN 9.12 (TE 2.20.2's
+    minimum) only answer what-if versions."""
     dqk, dv, sm, cv = c.head_dim_qk, c.head_dim_v, d.sm or 0, _cv(d)
     if fused_sub_backend(c) == FP8:
         return _table_fp8_dims(c, d)
@@ -550,11 +762,14 @@ def table_head_dim(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def _table_fp8_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """FP8 sub-backend: no bias; d % 16 == 0 and (sm < 100: inference d <= 256, training
-    d == 128; sm >= 100: d <= 128, or dqk <= 192 / dv <= 128 on cuDNN 9.21)."""
+    """cuDNN's FP8 head dims and formats, as TE's pre-2.20 table (nvte_get_fused_attn_backend)
+    stated them: d % 16 == 0 and (sm < 100: inference d <= 256, training d == 128; sm >= 100:
+    d <= 128, or dqk <= 192 / dv <= 128 on cuDNN 9.21); bhsd needs cuDNN 9.21. On sm >= 100 the
+    FP8 backward runs cuDNN's deterministic FP8 algorithm, which takes no dropout (cuDNN 9.28.1,
+    deviceless: "FP8 deterministic algorithm ... is not supported on Blackwell when dropout is
+    enabled"). TE 2.20.2's C++ refuses FP8 bias, mixed formats and the thd limits itself
+    (``cpp_fp8``)."""
     dqk, dv, sm, cv = c.head_dim_qk, c.head_dim_v, d.sm or 0, _cv(d)
-    if c.bias_type != "no_bias":
-        return _t("fp8_bias", "FP8 fused attention does not support bias", c.bias_type, "no_bias")
     aligned = dqk % 16 == 0 and dv % 16 == 0
     if sm < 100:
         ok = aligned and ((not c.is_training and dqk <= 256 and dv <= 256)
@@ -569,33 +784,29 @@ def _table_fp8_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
             (dqk, dv),
             "% 16 == 0; sm90: 128 training, <= 256 inference; sm100: <= 128",
         )
-    if c.return_max_logit:
-        return _t("fp8_max_logit", "FP8 fused attention does not return max_logit", True, False)
-    if c.qkv_format not in ("bshd", "sbhd") and not (cv >= (9, 21, 0) and c.qkv_format == "bhsd"):
-        return _t(
-            "fp8_format",
-            f"FP8 fused attention with qkv_format = {c.qkv_format}",
-            c.qkv_format,
-            "bshd, sbhd",
-        )
+    fmt = _cpp_qkv_format(_fp8_layouts(c)[0])
+    if fmt == "bhsd" and cv < (9, 21, 0):
+        return _t("fp8_format", "FP8 fused attention with qkv_format = bhsd needs cuDNN 9.21",
+                  fmt_version(cv), ">= 9.21.0")  # fmt: skip
+    if sm >= 100 and c.is_training and c.dropout:
+        return _t("fp8_blackwell_dropout", f"FP8 backward with dropout on sm{sm}", c.dropout,
+                  "no dropout in FP8 training on sm >= 100")  # fmt: skip
     return None
 
 
 def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's cuDNN support table (nvte_get_fused_attn_backend), bias: never pre_scale_bias;
-    ALiBi needs sm90 and a causal-type mask; post_scale_bias never with padding masks."""
+    """cuDNN and biases. As TE's pre-2.20 table (nvte_get_fused_attn_backend) stated it: ALiBi
+    (without slopes: cuDNN's alibi mask) needs sm90 and a non-padding causal mask;
+    post_scale_bias never with padding masks (cuDNN 9.28.1 accepts both: rule_drift). From TE
+    2.20.2's graphs (fused_attn_f16_arbitrary_seqlen.cu, create_graph_f16_fwd/bwd): on the ragged
+    graph (thd on sm >= 90, not sm120) the sequence dims are the bucketed token counts
+    (get_max_tokens) and the batch is bucketed (get_max_batch_size; forward keeps the real batch
+    with cu_seqlens, cuDNN >= 9.24 without dropout), so a bias whose dims are neither 1 nor the
+    graph's cannot broadcast ("dimensions mismatch as broadcasting 2 non-one dimension sizes")."""
     btype, _, _ = _fused_bias(c)
-    m = c.attn_mask_type
-    if btype == "pre_scale_bias":
-        return _t(
-            "pre_scale_bias",
-            "pre_scale_bias is not supported by cuDNN",
-            btype,
-            "no_bias, post_scale_bias, alibi",
-            hint="use post_scale_bias or unfused",
-        )
-    if btype == "alibi" and ((d.sm or 0) < 90 or m in ("no_mask", "padding", "padding_causal",
-                                                       "padding_causal_bottom_right")):  # fmt: skip
+    m, sm = c.attn_mask_type, d.sm or 0
+    if btype == "alibi" and (sm < 90 or m in ("no_mask", "padding", "padding_causal",
+                                              "padding_causal_bottom_right")):  # fmt: skip
         return _t(
             "alibi",
             f"ALiBi without slopes needs sm >= 90 and a non-padding causal mask "
@@ -603,6 +814,9 @@ def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
             (m, d.sm),
             "causal or causal_bottom_right, sm90+",
         )
+    ragged = _ragged_bias_mismatch(c, d)
+    if ragged is not None:
+        return ragged
     if btype == "post_scale_bias" and m in ("padding", "padding_causal"):
         return _t(
             "bias_padding",
@@ -613,32 +827,54 @@ def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
-def _layout_formats(layout: str) -> tuple[str, str]:
-    """The q and kv formats the C++ side reads off a layout (``nvte_get_q_format`` /
-    ``nvte_get_kv_format``): ``sbhd_bs2hd`` -> (sbhd, bshd), ``t3hd`` -> (thd, thd)."""
-    parts = layout.replace("paged_kv_", "").split("_")
-    alpha = ["".join(ch for ch in p if ch.isalpha()) for p in parts]
-    return alpha[0], alpha[-1]
+def _graph_seqlens(c: FusedAttnConfig, d: DeviceProfile) -> tuple[int, int]:
+    """The sequence dims of TE's graphs (``graph_max_seqlen_q/kv`` in TE 2.20.2's ``derive()``):
+    the bucketed token count for a ragged tensor on the ragged graph, else ``max_seqlen``."""
+    rq, rkv = _ragged(c)
+    ragged = _ragged_graph(d)
+
+    def tokens(name: str, seqlen: int) -> int:
+        return getattr(c, name, None) or te_max_tokens(c.batch_size * seqlen)
+
+    return (tokens("num_tokens_q", c.max_seqlen_q) if rq and ragged else c.max_seqlen_q,
+            tokens("num_tokens_kv", c.max_seqlen_kv) if rkv and ragged else c.max_seqlen_kv)
+
+
+def _ragged_bias_mismatch(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """``table_bias``'s ragged-graph broadcast check (see there)."""
+    rq, rkv = _ragged(c)
+    bias = _bias_dims(c)
+    cv = _cv(d)
+    if bias is None or not (rq or rkv) or not _ragged_graph(d) or not _f16(c):
+        return None
+    s_q, s_kv = _graph_seqlens(c, d)
+    uses_cu = cv >= (9, 24, 0) and not (c.is_training and c.dropout)
+    batches = [("fwd", c.batch_size if uses_cu else te_max_batch_size(c.batch_size))]
+    if c.is_training:
+        batches.append(("bwd", te_max_batch_size(c.batch_size)))
+    for graph, b in batches:
+        dims = (b, c.num_heads, s_q, s_kv)
+        if any(x not in (1, g) for x, g in zip(bias, dims, strict=True)):
+            return _t("thd_bias_ragged", f"a [{', '.join(map(str, bias))}] bias does not "
+                      f"broadcast to the ragged {graph} graph's [{', '.join(map(str, dims))}]",
+                      bias, "1 or the graph's dims (bucketed tokens and batch)")  # fmt: skip
+    return None
 
 
 def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's cuDNN support table (nvte_get_fused_attn_backend), masks and formats: thd needs sm90
-    and a padding mask; mixed q/kv formats need cuDNN 9.7; bottom-right masks need s_q <= s_kv;
-    padding masks and bottom-right masks need no bias and no dropout below cuDNN 9.7 ... as
-    cumulated by cuDNN version. The C++ side reads q and kv formats from the layout itself
-    (``sbhd_bshd_bshd`` is sbhd q with bshd k/v, KV cache or not)."""
-    m, cv, sm = c.attn_mask_type, _cv(d), d.sm or 0
+    """cuDNN by mask and format, as TE's pre-2.20 table (nvte_get_fused_attn_backend) stated
+    it: thd with GQA/MQA needs cuDNN 9.6; mixed q/kv formats need cuDNN 9.7; bottom-right masks
+    need s_q <= s_kv; paged KV needs no bias and no dropout below cuDNN 9.7; a non-vanilla softmax
+    needs cuDNN 9.13.1; return_max_logit needs cuDNN 9.21. A bottom-right causal mask takes no
+    bias, ALiBi (slopes or not) or training dropout, any s_q/s_kv, padding or not (cudnn-frontend
+    1.32 SDPA validate: "Bottom right causal mask is only supported with is_bias=False,
+    is_alibi=False, is_dropout=False"; verified deviceless with cuDNN 9.28.1 on TE 2.20.2's
+    graphs, sm80/90/100; TE's old table allowed it from cuDNN 9.7). The gates below cuDNN 9.12
+    (TE 2.20.2's minimum) only answer what-if versions. (TE 2.20.2's C++ refuses thd/paged
+    without a padding mask itself; one ragged side below sm90 is cuDNN's to answer.)"""
+    m, cv = c.attn_mask_type, _cv(d)
     q_format, kv_format = _layout_formats(c.qkv_layout)
     thd = "thd" in (q_format, kv_format)
-    if thd and "padding" not in m:
-        return _t(
-            "thd_mask",
-            f"thd needs a padding mask type (found {m})",
-            m,
-            "padding, padding_causal, padding_causal_bottom_right",
-        )
-    if thd and sm < 90:
-        return _t("thd_sm", f"thd needs sm >= 90 (found sm{sm})", sm, ">= 90")
     if thd and c.num_heads != c.num_gqa_groups and cv < (9, 6, 0):
         return _t("thd_gqa", "thd with GQA/MQA needs cuDNN 9.6", fmt_version(cv), ">= 9.6.0")
     if q_format != kv_format and cv < (9, 7, 0):
@@ -652,19 +888,21 @@ def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
             (c.max_seqlen_q, c.max_seqlen_kv),
             "s_q <= s_kv",
         )
-    if (
-        cv < (9, 7, 0)
-        and ("bottom_right" in m or c.paged)
-        and (c.bias_type != "no_bias" or c.dropout)
-    ):
+    dropout = c.is_training and c.dropout  # TE's is_dropout (derive())
+    if "bottom_right" in m and (c.bias_type != "no_bias" or dropout):
+        return _t(
+            "bottom_right_bias_dropout",
+            f"{m} with {c.bias_type if c.bias_type != 'no_bias' else 'dropout'}",
+            (m, c.bias_type, c.dropout),
+            "a bottom-right causal mask without bias, ALiBi or dropout",
+        )
+    if cv < (9, 7, 0) and c.paged and (c.bias_type != "no_bias" or dropout):
         return _t(
             "mask_bias_dropout",
-            f"{m} with bias or dropout needs cuDNN 9.7",
+            "paged KV with bias or dropout needs cuDNN 9.7",
             fmt_version(cv),
             ">= 9.7.0",
         )
-    if c.paged and "padding" not in m:
-        return _t("paged_mask", "paged KV cache needs a padding mask", m, "padding masks")
     if c.softmax_type != "vanilla" and cv < (9, 13, 1):
         return _t(
             "softmax_cudnn",
@@ -679,10 +917,28 @@ def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
+def table_short_sequences(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """cuDNN and one-token graphs (cudnn-frontend 1.32 SDPA validate, verified deviceless with
+    cuDNN 9.28.1 on TE 2.20.2's graphs): a forward graph with s_q == 1 takes no sink token (a
+    non-vanilla softmax: "decode only mode, i.e. s_q == 1, not supported with sink_token"); a
+    backward graph with s_q == s_kv == 1 is refused ("s_q = s_kv = 1 is not supported"). The
+    sequence dims are the graph's (TE 2.20.2 derive(): a ragged tensor's are its bucketed token
+    count on sm >= 90, not sm120)."""
+    s_q, s_kv = _graph_seqlens(c, d)
+    if s_q == 1 and c.softmax_type != "vanilla":
+        return _t("decode_sink", f"s_q = 1 with softmax_type = {c.softmax_type}",
+                  (s_q, c.softmax_type), "s_q > 1 or the vanilla softmax")  # fmt: skip
+    if c.is_training and s_q == s_kv == 1:
+        return _t("bwd_s1", "a backward graph with s_q = s_kv = 1", (s_q, s_kv),
+                  "s_q > 1 or s_kv > 1, or inference")  # fmt: skip
+    return None
+
+
 def table_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's cuDNN support table (nvte_get_fused_attn_backend), sliding windows: cuDNN 9.2
-    (left, 0) windows; 9.6 any (left, right) with no_mask, padding or bottom-right masks; never
-    with bias or dropout; s_q <= s_kv."""
+    """cuDNN and sliding windows, as TE's pre-2.20 table (nvte_get_fused_attn_backend) stated
+    it: cuDNN 9.2 (left, 0) windows; 9.6 any (left, right) with no_mask, padding or bottom-right
+    masks; never with bias; top-left causal windows only for s_q == s_kv. The 9.2/9.6 gates are
+    below TE 2.20.2's minimum cuDNN (9.12): what-if versions only."""
     if not c.has_window:
         return None
     cv, m = _cv(d), c.attn_mask_type
@@ -705,79 +961,58 @@ def table_window(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 
 def table_blackwell_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's cuDNN support table (nvte_get_fused_attn_backend), sm >= 100 training: not
-    dropout and bias together; deterministic needs cuDNN 9.18.1, no dropout, no bias; sm120
-    deterministic training is never supported."""
+    """cuDNN's sm >= 100 backward for TE's graphs: deterministic needs cuDNN 9.18.1 and no
+    dropout, ALiBi or dBias ("Deterministic algorithm is not supported on blackwell architecture
+    when dbias, rng/dropout, alibi is enabled"); dropout together with dBias has no engine
+    (cuDNN 9.28.1 on sm100; on sm120 it finds one: rule_drift); deterministic training on sm120
+    is never supported (TE's pre-2.20 table; cuDNN 9.28.1 accepts it: rule_drift). dBias as TE
+    2.20.2 builds it: every post_scale_bias except ``[1, 1, 1, s_kv]``, requires_grad or not
+    (fused_attn_f16_arbitrary_seqlen.cu, create_graph_f16_bwd)."""
     if (d.sm or 0) < 100 or not c.is_training:
         return None
-    has_bias = c.bias_type != "no_bias"
+    btype, _, _ = _fused_bias(c)
+    dbias, alibi = _has_dbias(c), btype == "alibi"
     if d.sm == 120 and c.deterministic:
         return _t("sm120_det", "deterministic training on sm120", True, False)
-    if c.deterministic and (_cv(d) < (9, 18, 1) or c.dropout or has_bias):
+    if c.deterministic and (_cv(d) < (9, 18, 1) or c.dropout or dbias or alibi):
         return _t(
             "blackwell_det",
-            "deterministic training on sm >= 100 needs cuDNN 9.18.1, no dropout and no bias",
-            (fmt_version(_cv(d)), c.dropout, c.bias_type),
-            "cuDNN >= 9.18.1, dropout 0, no_bias",
+            "deterministic training on sm >= 100 needs cuDNN 9.18.1 and no dropout, ALiBi or "
+            "dBias",
+            (fmt_version(_cv(d)), c.dropout, "dBias" if dbias else btype),
+            "cuDNN >= 9.18.1, dropout 0, no ALiBi, no bias or a [1, 1, 1, s_kv] one",
         )
-    if c.dropout and has_bias:
+    if c.dropout and dbias:
         return _t(
             "blackwell_dropout_bias",
-            "dropout together with bias on sm >= 100",
-            (c.dropout, c.bias_type),
-            "dropout or bias, not both",
+            "dropout together with dBias on sm >= 100",
+            (c.dropout, _bias_dims(c)),
+            "dropout, or no bias / a [1, 1, 1, s_kv] bias",
         )
     return None
-
-
-def table_vetoes(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-    """TE's vetoes: cuDNN 9.14.0 with s_kv > 1024, a left window and a non-causal mask; cuDNN <=
-    9.15.0 training bshd/sbhd with s_kv % 128 != 0, CUDA graphs and a non-padding mask."""
-    cv, m = _cv(d), c.attn_mask_type
-    if cv == (9, 14, 0) and c.max_seqlen_kv > 1024 and c.window_size[0] != -1 \
-            and "causal" not in m:  # type: ignore[index]  # fmt: skip
-        return _t(
-            "veto_9_14",
-            "cuDNN 9.14.0 bug: s_kv > 1024 with a left window",
-            "9.14.0",
-            "another cuDNN",
-        )
-    if cv <= (9, 15, 0) and c.is_training and c.qkv_format in ("bshd", "sbhd") \
-            and c.max_seqlen_kv % 128 and c.cuda_graph and "padding" not in m:  # fmt: skip
-        return _t(
-            "veto_cuda_graph",
-            "cuDNN <= 9.15.0 bug: CUDA graph training with s_kv % 128 != 0",
-            c.max_seqlen_kv,
-            "% 128 == 0 or cuDNN > 9.15.0",
-        )
-    return None
-
-
-def _known_device(rule: Rule) -> Rule:
-    """Table rules need a GPU and a cuDNN version (their absence is reported once, earlier)."""
-
-    def guarded(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
-        return rule(c, d) if d.sm is not None and cudnn_version(d) is not None else None
-
-    guarded.__name__, guarded.__doc__ = rule.__name__, rule.__doc__
-    return guarded
 
 
 TABLE_RULES: tuple[Rule, ...] = tuple(_known_device(r) for r in (
-    table_arch, table_head_dim, table_bias, table_mask_layout, table_window,
-    table_blackwell_training, table_vetoes,
+    table_arch, table_head_dim, table_bias, table_mask_layout, table_short_sequences,
+    table_window, table_blackwell_training,
 ))  # fmt: skip
 
 
+#: What TE decides before cuDNN is asked, in TE's order: its Python filters, its C++ query's own
+#: refusals, then the determinism filter (after the query in get_attention_backend). Binding.
+BINDING_RULES: tuple[Rule, ...] = (*PYTHON_RULES, *CPP_RULES, determinism)
+
+
 class CudnnProbe(RuleProbe):
-    """The ``fused`` candidate: TE's Python filters (binding), the support-table prediction,
-    then, with ``graph=True``, cuDNN itself builds the graph (:mod:`.cudnn_graph`, deviceless
-    for catalog GPUs). cuDNN's verdict replaces the table's; a disagreement is recorded in
-    ``detail["rule_drift"]``. Without cudnn-frontend, or for a cuDNN version other than the
-    installed one, the table's verdict stands, marked ``detail["predicted"]``."""
+    """The ``fused`` candidate: TE's Python filters and its C++ query's pre-graph refusals
+    (binding), the prediction of cuDNN's verdict, then, with ``graph=True``, cuDNN itself builds
+    the graph (:mod:`.cudnn_graph`, deviceless for catalog GPUs). cuDNN's verdict replaces the
+    prediction; a disagreement is recorded in ``detail["rule_drift"]``. Without cudnn-frontend,
+    or for a cuDNN version other than the installed one, the prediction stands, marked
+    ``detail["predicted"]``."""
 
     name = "fused"
-    RULES = (*PYTHON_RULES, *TABLE_RULES, determinism)
+    RULES = (*BINDING_RULES, *TABLE_RULES)
 
     def __init__(self, graph: bool = False, timeout_s: float = 60.0):
         self.graph = graph
@@ -785,7 +1020,7 @@ class CudnnProbe(RuleProbe):
 
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
-        binding = evaluate((*PYTHON_RULES, determinism), config, device)
+        binding = evaluate(BINDING_RULES, config, device)
         predicted = evaluate(TABLE_RULES, config, device)
         detail: dict[str, Any] = {"sub_backend": fused_sub_backend(config), "cudnn": device.cudnn}
         answer, note = (None, None)
@@ -818,7 +1053,13 @@ class CudnnProbe(RuleProbe):
                 "rule_codes": [r.code for r in predicted],
             }
         reasons = ()
-        if not ok:
+        if not ok and answer.get("code") == "cudnn.te_refused":  # TE's C++ refusal, for the
+            # device as the worker planned it (a binding rule stated in CPP_RULES)
+            text = (answer.get("summary") or answer.get("message") or "").strip()
+            reasons = (reject("cudnn.te_refused", f"TE's C++ refuses it before asking cuDNN: "
+                              f"{text[:2000]}", observed="derive", limit="a config TE's C++ "
+                              "asks cuDNN about", stage="rule"),)  # fmt: skip
+        elif not ok:
             graph, step = answer.get("graph") or "fwd", answer.get("step") or "?"
             text = (answer.get("message") or answer.get("summary") or "").strip()
             reasons = (reject("cudnn.not_supported",
@@ -827,14 +1068,15 @@ class CudnnProbe(RuleProbe):
                               limit="a plan cuDNN supports", stage="graph_build"),)  # fmt: skip
         mode = answer.get("mode") or "deviceless"
         return ProbeResult(
-            backend=self.name, supported=ok, reasons=reasons, stage="graph_build",
+            backend=self.name, supported=ok, reasons=reasons,
+            stage=reasons[0].stage if reasons else "graph_build",
             evidence=f"cudnn {answer.get('cudnn_version')} graph ({mode})",
             elapsed_ms=(time.perf_counter() - t0) * 1e3, detail=detail if ok else
             {k: v for k, v in detail.items()
              if k in ("rule_drift", "cudnn", "mode", "descriptor", "graph_notes")},
         )  # fmt: skip
 
-    def _ask_cudnn(self, config: FusedAttnConfig, device: DeviceProfile
+    def _ask_cudnn(self, config: FusedAttnConfig, device: DeviceProfile, spec: bool = False
                    ) -> tuple[dict[str, Any] | None, Reason | None]:  # fmt: skip
         """cuDNN's answer for this config on this device, or why it cannot be asked."""
         installed = installed_cudnn()
@@ -849,12 +1091,31 @@ class CudnnProbe(RuleProbe):
                                 f"{fmt_version(want)}: the support-table prediction stands",
                                 stage="graph_build")  # fmt: skip
         try:
-            return self._ask_worker(config, device)
+            return self._ask_worker(config, device, spec)
         except Exception as exc:  # noqa: BLE001 - a GPU/descriptor problem never escapes a probe
             return None, reject("cudnn.probe_error", f"asking cuDNN failed: "
                                 f"{type(exc).__name__}: {exc}", stage="graph_build")  # fmt: skip
 
-    def _ask_worker(self, config: FusedAttnConfig, device: DeviceProfile
+    def graph_spec(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
+        """The graphs cuDNN is asked about for ``config`` on ``device`` (``explain
+        --show-graph``): ``{"graphs": {"fwd": <cudnn-frontend JSON>, "bwd": ...}, "supported",
+        "mode", "cudnn_version", "derived" (TE's derived config), "message"}``. Nothing is built
+        where TE's Python filters or C++ refuse first, or where cuDNN cannot be asked here; the
+        message says why."""
+        binding = evaluate(BINDING_RULES, config, device)
+        if binding:
+            return {"graphs": {}, "message": "no graph is built: " + "; ".join(
+                f"{r.code}: {r.message}" for r in binding)}  # fmt: skip
+        answer, note = self._ask_cudnn(config, device, spec=True)
+        if answer is None or note is not None and not answer.get("graph_spec"):
+            return {"graphs": {}, "message": note.message if note else "cuDNN was not asked"}
+        out = {k: answer.get(k) for k in ("supported", "mode", "cudnn_version", "derived")}
+        out["graphs"] = answer.get("graph_spec") or {}
+        if not answer.get("supported"):
+            out["message"] = (answer.get("summary") or answer.get("message") or "")[:2000]
+        return out
+
+    def _ask_worker(self, config: FusedAttnConfig, device: DeviceProfile, spec: bool = False
                     ) -> tuple[dict[str, Any] | None, Reason | None]:  # fmt: skip
         """The worker's answer. A catalog GPU: its descriptor, deviceless, in the deviceless
         worker. The local GPU: the descriptor captured from the current device, with
@@ -875,7 +1136,8 @@ class CudnnProbe(RuleProbe):
         if ordinal is not None:  # gpu-only
             real = bool(desc.get("_captured"))
         answer = get_worker(ordinal).probe(config.to_dict(), desc, device.sm,
-                                           timeout_s=self.timeout_s, use_real_gpu=real)  # fmt: skip
+                                           timeout_s=self.timeout_s, use_real_gpu=real,
+                                           spec=spec)  # fmt: skip
         answer["descriptor"] = (desc.get("_sources") or {}).get("*") or desc.get("_catalog")
         if not answer.get("decided"):
             return answer, reject(answer.get("code") or "cudnn.undecided",

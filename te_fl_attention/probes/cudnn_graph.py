@@ -1,24 +1,43 @@
-"""Ask cuDNN itself: build the SDPA graph TransformerEngine would build and let cuDNN decide.
+"""Ask cuDNN itself: build exactly the graphs TransformerEngine 2.20.2 builds, let cuDNN decide.
 
 :func:`probe_config` maps one :class:`~te_fl_attention.config.FusedAttnConfig` (as its
-``to_dict()``, so a worker process gets plain JSON) to cudnn-frontend SDPA graphs, the forward
-one and, for training, the backward one, shaped the way TE 2.x's
-``fused_attn_f16_arbitrary_seqlen`` / ``fused_attn_fp8`` build them (tensor dims ``[b, h, s, d]``,
-strides from the QKV layout, a pass-by-value float ``attn_scale``, seq-len tensors for padding,
-ragged offsets for ``thd``, diagonal alignment and band bounds for causal masks and sliding
-windows, a ``[1, h, 1, 1]`` sink tensor for off-by-one / learnable softmax, stats always
-generated). Then it runs cuDNN's own pipeline::
+``to_dict()``, so a worker process gets plain JSON) to the cudnn-frontend graphs TE 2.20.2's
+FusedAttention builds for it: the forward one and, for training, the backward one, as its C++
+builds them (``transformer_engine/common/fused_attn/``; read from its sources and checked against
+the 2.20.2 binary, see the citations in each docstring below):
 
-    validate -> build_operation_graph -> create_execution_plans(heur_mode) -> check_support
+* :func:`derive` is TE's ``FusedAttnConfig::derive()``: the bottom-right-diagonal rewrite,
+  ``uses_cu_seqlens_directly`` (runtime cuDNN >= 9.24 F16 / 9.25 FP8, no dropout), the ragged
+  graph (thd on sm >= 90, sm != 120) with its bucketed batch (``get_max_batch_size``) and token
+  counts (``get_max_tokens``), graph batch and sequence dims per pass, ragged offset types and
+  multipliers, the bias tensor's real dims (ALiBi with custom slopes as the post-scale bias TE's
+  Python turns it into), FP8 tensor types per recipe.
+* :func:`te_refusal` is what ``nvte_get_fused_attn_backend_v2`` refuses before building any
+  graph (code ``cudnn.te_refused``, step ``derive``; decided: TE never asks cuDNN then).
+* :class:`_Builder` is ``create_graph_f16_fwd/bwd`` and ``create_graph_fp8_fwd/bwd``: tensor
+  names, dims, strides (``generateMatrixStrides``), data types (left unset where TE leaves them),
+  ragged offsets, cu_seq_len + UNIFIED or seq_len tensors, TH1 or BHS1 stats, diagonal
+  alignment and bounds, dBias unless the bias is ``[1, 1, 1, s_kv]``, ``max_total_seq_len`` only
+  in the F16 backward, Seed/Offset, sink tokens, max logit, paged KV, FP8 scales and amaxes.
+
+Then it runs TE's support query (graph_cache.h ``query_support``)::
+
+    validate -> build_operation_graph -> create_execution_plans(heur_mode.A) -> check_support
     (-> build_plans, off by default: it compiles kernels and takes ~0.3 s)
 
-with heur_mode.A first and heur_mode.FALLBACK only when A yields no supported plan (TE itself
-asks A only; a graph only FALLBACK serves is flagged in ``heur_mode`` and ``notes``).
+TE asks heur_mode.A only, so A's answer is the verdict; when A finds no supported plan,
+heur_mode.FALLBACK is asked too, only for a note saying whether it would have offered one.
+cuDNN's exception text is reported verbatim. With ``spec=True`` the result also carries
+``graph_spec``: each built graph's cudnn-frontend JSON (``json.loads(str(graph))``, the same
+JSON ``CUDNN_FRONTEND_LOG_INFO=1`` logs), taken after ``validate`` (or as far as it got when
+building or validating failed), and ``derived`` (:class:`TEGraphConfig` as JSON).
 
-and reports what cuDNN said, its exception text verbatim. The graphs are the cudnn-frontend C++
-graph (``cudnn._pybind_module.backend_graph``), the one TE drives through the C++ API: only cuDNN
-backend engines are considered. The frontend's Python-native engines (``cudnn.pygraph``'s "FROST"
-engines) are left out on purpose, because TE cannot dispatch to them.
+The graphs are the cudnn-frontend C++ graph (``cudnn._pybind_module.backend_graph``), the one TE
+drives through the C++ API: only cuDNN backend engines are considered. The frontend's
+Python-native engines (``cudnn.pygraph``'s "FROST" engines) are left out on purpose, because TE
+cannot dispatch to them. What the probe still cannot express (context parallelism, softcap,
+score_mod, arbitrary masks, paged KV in training, the MXFP8 graph) is refused undecided
+(``cudnn.unsupported_by_probe`` / ``cudnn.fp8_unsupported_by_probe``).
 
 Without a GPU this needs cuDNN >= 9.11 "deviceless" mode: a device descriptor
 (:mod:`te_fl_attention.descriptors`) plus ``sm_version``, and a loadable ``libcuda.so.1``, which
@@ -35,13 +54,15 @@ real-handle path **never ran on a GPU**; the test suite runs it with a fake hand
 The result is a JSON-able dict::
 
     {"supported": bool,          # cuDNN accepted every graph (fwd, and bwd when training)
-     "decided": bool,            # cuDNN itself answered (False: the probe could not ask)
-     "code": str | None,         # None, "cudnn.not_supported", "cudnn.unavailable",
-                                 # "cudnn.unsupported_by_probe", "cudnn.fp8_unsupported_by_probe",
-                                 # "cudnn.bad_descriptor", "cudnn.probe_error"
+     "decided": bool,            # cuDNN (or TE's C++ before it) answered; False: not asked
+     "code": str | None,         # None, "cudnn.not_supported", "cudnn.te_refused",
+                                 # "cudnn.unavailable", "cudnn.unsupported_by_probe",
+                                 # "cudnn.fp8_unsupported_by_probe", "cudnn.bad_descriptor",
+                                 # "cudnn.probe_error"
      "step": str | None,         # the failed step: build_graph, validate, build_operation_graph,
-                                 # create_execution_plans, check_support, build_plans; or the
-                                 # probe's own: backend, device, mapping
+                                 # create_execution_plans, check_support, build_plans; TE's
+                                 # derive (its own refusal); or the probe's own: backend,
+                                 # device, mapping
      "graph": "fwd" | "bwd" | None,
      "message": str | None,      # cuDNN's exception text, verbatim
      "summary": str | None,      # its first line plus the specific "Reason:" lines, deduplicated
@@ -49,30 +70,37 @@ The result is a JSON-able dict::
      "cudnn_version": "9.28.1", "frontend_version": "1.32.0",
      "mode": "deviceless" | "device", "driver": "stub" | "real" | "real-nodevice" | ...,
      "sm": 90, "device": "NVIDIA H100 80GB HBM3",
-     "plans": {"fwd": [names...], "bwd": [names...]},
-     "heur_mode": {"fwd": "A", "bwd": "A"},   # the mode whose plans are listed
+     "plans": {"fwd": [names...], "bwd": [names...]},   # heur_mode.A's plans
+     "heur_mode": {"fwd": "A", "bwd": "A"},   # the mode that gave the verdict
      "notes": [str, ...],        # what the mapping assumed or left out
-     "elapsed_ms": float}
+     "elapsed_ms": float,
+     # with spec=True only:
+     "graph_spec": {"fwd": {...}, "bwd": {...}},   # cudnn-frontend JSON of each graph built
+     "derived": {...}}                             # TE's derived config (TEGraphConfig)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
+import json
 import os
 import sys
 import sysconfig
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..config import FusedAttnConfig
+from ..config import FusedAttnConfig, layout_group, ragged_pieces, te_max_batch_size
 
 #: The pipeline, in order (``build_plans`` only when asked).
 PIPELINE = ("validate", "build_operation_graph", "create_execution_plans", "check_support")
 
-#: Heuristic modes tried in order (a mode is tried only when the ones before it found no plan).
+#: Heuristic modes: the first gives the verdict (TE 2.20.2 asks heur_mode.A only, graph_cache.h
+#: ``query_support``); the others are asked only for a note when it finds no supported plan.
 HEURISTICS = ("A", "FALLBACK")
 
 #: Oldest cuDNN with deviceless planning (device descriptor + sm_version).
@@ -332,6 +360,12 @@ def _plain(fmt: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------- mapping
+# Everything below mirrors TE 2.20.2's C++ (transformer_engine/common/fused_attn/), as read from
+# its sources and checked against the 2.20.2 binary (/work/notes/te_cpp_fused_attn.md). Files:
+# config_and_params.cpp (FusedAttnConfig::derive), fused_attn.cpp (nvte_get_fused_attn_backend_v2),
+# fused_attn_f16_arbitrary_seqlen.cu (create_graph_f16_fwd/bwd), fused_attn_fp8.cu
+# (create_graph_fp8_fwd/bwd), utils.cu / utils.h (strides, buckets, offset multipliers),
+# graph_cache.h (query_support). TE's code is paraphrased, never copied.
 class _Unsupported(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -339,23 +373,8 @@ class _Unsupported(Exception):
 
 
 def _check_expressible(c: FusedAttnConfig) -> None:
-    """Features the probe cannot put into a cuDNN SDPA graph: refuse honestly, undecided."""
+    """Features the probe cannot put into TE's cuDNN graphs: refuse honestly, undecided."""
     u = "cudnn.unsupported_by_probe"
-    if c.fp8 and c.fp8_recipe not in FP8_PROBED_RECIPES:
-        raise _Unsupported(
-            "cudnn.fp8_unsupported_by_probe",
-            f"fp8_recipe={c.fp8_recipe}: the probe builds FP8 graphs only for per-tensor scaling "
-            f"({', '.join(FP8_PROBED_RECIPES)}) with sdpa_fp8; block-scaled recipes "
-            "(sdpa_mxfp8 ...) are not mapped",
-        )
-    if c.bias_type == "pre_scale_bias":
-        raise _Unsupported(u, "pre_scale_bias: cuDNN's SDPA node takes only a post-scale bias")
-    if c.bias_type == "alibi" and c.alibi_slopes_shape is not None:
-        raise _Unsupported(
-            u,
-            f"ALiBi with custom slopes {list(c.alibi_slopes_shape)}: cuDNN's SDPA node only has "
-            "use_alibi_mask (the standard slopes)",
-        )
     if c.softcap:
         raise _Unsupported(u, f"softcap={c.softcap}: cuDNN's SDPA node has no softcap attribute")
     if c.has_score_mod or c.has_score_mod_bprop:
@@ -366,96 +385,346 @@ def _check_expressible(c: FusedAttnConfig) -> None:
             f"context parallelism ({c.cp_comm_type}, cp_size={c.cp_size}): the per-rank chunk "
             "graphs are not built by the probe",
         )
-    if c.fp8 and c.bias_type != "no_bias":
-        raise _Unsupported(
-            u, f"FP8 attention with bias_type={c.bias_type}: TE's FP8 graph takes no bias"
-        )
     if c.paged and c.is_training:
         raise _Unsupported(u, "a paged KV cache in training: TE builds no paged backward graph")
     if c.attn_mask_type == "arbitrary":
         raise _Unsupported(u, "attn_mask_type=arbitrary: no cuDNN SDPA mask attribute for it")
 
 
-class _Shapes:
-    """Dims, strides and flags of one config, computed once for both graphs."""
-
-    def __init__(self, c: FusedAttnConfig, sm: int) -> None:
-        self.c = c
-        b, h, hg = c.batch_size, c.num_heads, c.num_gqa_groups
-        sq, skv, dqk, dv = c.max_seqlen_q, c.max_seqlen_kv, c.head_dim_qk, c.head_dim_v
-        self.b, self.h, self.hg, self.sq, self.skv, self.dqk, self.dv = b, h, hg, sq, skv, dqk, dv
-        qf, kf, vf = layout_pieces(c.qkv_layout)
-        self.q_fmt, self.k_fmt, self.v_fmt = qf, kf, vf
-        self.ragged_q = "t" in qf
-        self.ragged_kv = "t" in kf
-        self.paged = c.paged
-        m = c.attn_mask_type
-        self.padding = "padding" in m or self.ragged_q or self.ragged_kv or self.paged
-        self.causal = "causal" in m
-        self.notes: list[str] = []
-        if (self.ragged_q or self.ragged_kv) and "padding" not in m:
-            self.notes.append(f"thd input: padding mask implied (TE requires one; was {m})")
-        if self.paged and "padding" not in m:  # pragma: no cover - config forces padding
-            self.notes.append("paged KV: padding mask implied")
-        self.q_stride = strides_bhsd(qf, {"b": b, "s": sq, "h": h, "d": dqk})
-        if self.paged:
-            ps = c.page_size
-            self.pages_per_seq = -(-skv // ps)
-            self.num_pages = b * self.pages_per_seq
-            kv_sizes = {"b": self.num_pages, "s": ps, "h": hg}
-            self.k_dim = [self.num_pages, hg, ps, dqk]
-            self.v_dim = [self.num_pages, hg, ps, dv]
-        else:
-            kv_sizes = {"b": b, "s": skv, "h": hg}
-            self.k_dim = [b, hg, skv, dqk]
-            self.v_dim = [b, hg, skv, dv]
-        self.k_stride = strides_bhsd(kf, {**kv_sizes, "d": dqk})
-        self.v_stride = strides_bhsd(vf, {**kv_sizes, "d": dv})
-        self.o_stride = strides_bhsd(_plain(qf), {"b": b, "s": sq, "h": h, "d": dv})
-        self.q_dim = [b, h, sq, dqk]
-        self.o_dim = [b, h, sq, dv]
-        # TE keeps stats in thd order ([t, h]) on the ragged path, except on sm120.
-        self.ragged_stats = self.ragged_q and sm != 120
-        self.stats_stride = [h * sq, 1, h, 1] if self.ragged_stats else [h * sq, sq, 1, 1]
-        if c.bias_shape is not None:
-            code = c.bias_shape
-            self.bias_dim = [
-                b if code[0] == "b" else 1,
-                h if code[1] == "h" else 1,
-                1 if code == "111s" else sq,
-                skv,
-            ]
-        else:
-            self.bias_dim = None
-        self.dropout = c.dropout if c.is_training else 0.0
-        # TE: diagonal alignment from bottom_right_diagonal, left bound = left + 1,
-        # right bound = right (or 0 for causal masks).
-        left, right = c.window_size  # type: ignore[misc]
-        self.align = "BOTTOM_RIGHT" if c.bottom_right_diagonal else "TOP_LEFT"
-        self.left_bound = left + 1 if left != -1 else None
-        self.right_bound = 0 if self.causal else (right if right != -1 else None)
-        if c.num_splits > 1:
-            self.notes.append(f"num_splits={c.num_splits} ignored (no cuDNN graph attribute)")
+def _check_fp8_expressible(c: FusedAttnConfig) -> None:
+    """FP8 recipes whose TE graph the probe does not build (after TE's own refusals)."""
+    if c.fp8 and c.fp8_recipe not in FP8_PROBED_RECIPES:
+        raise _Unsupported(
+            "cudnn.fp8_unsupported_by_probe",
+            f"fp8_recipe={c.fp8_recipe}: the probe builds FP8 graphs only for per-tensor scaling "
+            f"({', '.join(FP8_PROBED_RECIPES)}) with sdpa_fp8; TE's MXFP8 graph (FP8_E8M0 "
+            "block descales, Q_t/K_t/dO_t) is not mapped",
+        )
 
 
-def _io_dtype(cudnn: Any, c: FusedAttnConfig) -> Any:
+#: Offset-multiplier role -> the field TE's ``RaggedOffsetMultipliers`` keeps for it.
+_MULT_ROLES = ("q", "k", "v", "o", "stats")
+
+
+@dataclass(frozen=True)
+class TEGraphConfig:
+    """What TE 2.20.2's ``FusedAttnConfig::derive()`` (config_and_params.cpp; binary
+    0x1c63880) computes from one config, i.e. everything its graph builders read.
+
+    ``layout``: the layout the builders see (FP8 per-tensor scaling drops ``paged_kv_``:
+    Python ``get_fused_attn_spec``). ``ragged_q``/``ragged_kv``: q / kv format is THD.
+    ``padding``: a padding mask. ``bias``: POST_SCALE_BIAS reaches the C++ (also ALiBi with
+    custom slopes, which TE's Python rewrites). ``alibi``: NVTE_ALIBI (standard slopes only).
+    ``dropout``: the probability when ``is_training`` and non-zero, else 0.
+    ``bottom_right_diagonal``: after derive's rewrite. ``uses_cu_seqlens_directly``: cuDNN >=
+    9.24 (F16/BF16) / 9.25 (FP8) and no dropout. ``uses_ragged_graph``: sm >= 90 and sm != 120
+    (2.20.2 binary). ``uses_ragged_stats``: ragged q on the ragged graph (TH1 stats).
+    ``graph_batch_size_fwd/bwd``, ``graph_max_seqlen_q/kv``: the dims the graphs are built with.
+    ``ragged_offset_type_fwd/bwd``: INT32 with ``uses_cu_seqlens_directly`` in the forward,
+    INT64 otherwise (the backward always). ``offset_mults``: ``RaggedOffsetMultipliers``
+    (utils.h). ``bias_dims``: the bias tensor's real ``(b, h, s_q, s_kv)``.
+    """
+
+    layout: str
+    sm: int
+    cudnn_version: int
+    fp8: bool
+    ragged_q: bool
+    ragged_kv: bool
+    paged: bool
+    padding: bool
+    causal: bool
+    causal_bottom_right: bool
+    bias: bool
+    alibi: bool
+    softmax_offset: bool
+    dropout: float
+    deterministic: bool
+    return_max_logit: bool
+    bottom_right_diagonal: bool
+    window: tuple[int, int]
+    uses_cu_seqlens_directly: bool
+    uses_ragged_graph: bool
+    uses_ragged_stats: bool
+    batch_size: int
+    bucketed_batch_size: int
+    num_tokens_q: int | None
+    num_tokens_kv: int | None
+    graph_batch_size_fwd: int
+    graph_batch_size_bwd: int
+    graph_max_seqlen_q: int
+    graph_max_seqlen_kv: int
+    ragged_offset_type_fwd: str
+    ragged_offset_type_bwd: str
+    offset_mults: dict[str, int]
+    kv_offsets_from_q: bool
+    bias_dims: tuple[int, int, int, int] | None
+    num_pages: int
+    page_size: int
+    max_pages_per_seq: int
+    h: int
+    hg: int
+    d_qk: int
+    d_v: int
+    qkv_dtype: str
+    o_dtype: str
+    do_dtype: str
+    dqkv_dtype: str
+    fp8_delayed: bool
+    fp8_current: bool
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        for k, v in out.items():
+            if isinstance(v, tuple):
+                out[k] = list(v)
+        return out
+
+
+def _bias_dims(c: FusedAttnConfig) -> tuple[int, int, int, int] | None:
+    """The bias tensor's dims as TE's C++ receives them (``bias_batch_size, bias_num_heads,
+    bias_seqlen_q, bias_seqlen_kv`` = the real tensor's shape; Python
+    ``get_attention_backend``, dot_product_attention/utils.py). ALiBi with custom slopes is
+    rewritten there to post_scale_bias ``(1, h, s_q, s_kv)`` for ``[h]`` slopes and ``(b, h,
+    s_q, s_kv)`` for ``[b, h]`` slopes (no grad)."""
+    b, h, sq, skv = c.batch_size, c.num_heads, c.max_seqlen_q, c.max_seqlen_kv
+    assert skv is not None
+    if c.bias_type == "alibi":
+        if c.alibi_slopes_shape is None:
+            return None
+        return (1, h, sq, skv) if len(c.alibi_slopes_shape) == 1 else (b, h, sq, skv)
+    if c.bias_type != "post_scale_bias" or c.bias_shape is None:
+        return None
+    code = c.bias_shape
+    return (
+        b if code[0] == "b" else 1,
+        h if code[1] == "h" else 1,
+        1 if code == "111s" else sq,
+        skv,
+    )
+
+
+def _fp8_dtypes(c: FusedAttnConfig) -> tuple[str, str, str, str]:
+    """``(qkv, o, dO, dQKV)`` dtypes of an FP8 graph: Python ``get_fused_attn_spec``
+    (dot_product_attention/utils.py). Delayed: O in the forward FP8 type, dO/dQKV in the
+    gradient FP8 type; current scaling: O (``NVTE_DPA_FP8CS_O_in_F16=1``, the default) and dQKV
+    in the model dtype, dO in the gradient FP8 type. The recipe's ``fp8_format`` is not in the
+    config: its default (``Format.HYBRID``: E4M3 forward, E5M2 gradients) is assumed."""
+    qkv = "fp8_e5m2" if c.dtype == "fp8_e5m2" else "fp8_e4m3"
+    model = c.dtype if c.dtype in ("fp16", "bf16") else "bf16"
+    grad = "fp8_e5m2"
+    if c.fp8_recipe == "current":
+        return qkv, model, grad, model
+    return qkv, qkv, grad, grad
+
+
+def derive(c: FusedAttnConfig, sm: int, cudnn_version: int) -> TEGraphConfig:
+    """TE 2.20.2's ``FusedAttnConfig::derive()`` (config_and_params.cpp) for ``c`` on ``sm``
+    with the runtime cuDNN ``cudnn_version`` (``cudnnGetVersion()``, e.g. 92801)."""
+    notes: list[str] = []
+    fp8 = c.fp8
+    layout = c.qkv_layout
+    if c.paged and not layout.startswith("paged_kv_"):
+        layout = "paged_kv_" + layout  # TE names a paged cache's layout paged_kv_*
+    if fp8 and c.fp8_recipe in FP8_PROBED_RECIPES:
+        layout = layout.replace("paged_kv_", "")  # get_fused_attn_spec: per-tensor scaling
+    ragged_q, ragged_kv = ragged_pieces(layout)
+    paged = layout.startswith("paged_kv_")
+    m = c.attn_mask_type
+    causal = m in ("causal", "padding_causal")
+    causal_br = m in ("causal_bottom_right", "padding_causal_bottom_right")
+    window = tuple(c.window_size)  # type: ignore[arg-type]
+    # derive(): bottom-right masks force BOTTOM_RIGHT, top-left causal masks TOP_LEFT, and any
+    # other mask without a window TOP_LEFT (2.20.2 binary 0x1c63cc0-0x1c63d2a).
+    if causal_br:
+        brd = True
+    elif causal or window == (-1, -1):
+        brd = False
+    else:
+        brd = bool(c.bottom_right_diagonal)
+    dropout = c.dropout if c.is_training and c.dropout else 0.0
+    # derive(): cu_seqlens go to cuDNN directly with runtime cuDNN >= 9.24 (F16) / 9.25 (FP8)
+    # and no dropout, for every padding mask (2.20.2 binary 0x1c63a03-0x1c63a2d).
+    uses_cu = cudnn_version >= (92500 if fp8 else 92400) and not dropout
+    uses_ragged_graph = sm >= 90 and sm != 120
+    ragged = ragged_q or ragged_kv
+    b = c.batch_size
+    bucketed_b = te_max_batch_size(b) if ragged else b
+    if ragged and uses_ragged_graph:
+        gb_bwd = bucketed_b
+        gb_fwd = b if uses_cu else bucketed_b
+    else:
+        gb_fwd = gb_bwd = b
+    assert c.max_seqlen_kv is not None
+    sq = c.num_tokens_q if ragged_q and uses_ragged_graph else c.max_seqlen_q
+    skv = c.num_tokens_kv if ragged_kv and uses_ragged_graph else c.max_seqlen_kv
+    assert sq is not None and skv is not None
+    h, hg = c.num_heads, c.num_gqa_groups
+    dqk, dv = c.head_dim_qk, c.head_dim_v
+    assert hg is not None and dv is not None
+    # RaggedOffsetMultipliers (utils.h): per-token element counts of each tensor.
+    group = layout_group(layout)
+    mults = {"q": h * dqk, "k": hg * dqk, "v": hg * dv, "o": h * dv, "stats": h}
+    kv_from_q = group in ("3hd", "h3d")
+    if kv_from_q:
+        mults["q"] = mults["k"] = mults["v"] = 3 * h * dqk
+    elif group in ("hd_2hd", "hd_h2d"):
+        mults["k"] = mults["v"] = 2 * hg * dqk
+    num_pages = page_size = mpps = 0
+    if paged:
+        page_size = c.page_size
+        mpps = -(-c.max_seqlen_kv // page_size)
+        num_pages = b * mpps
+        notes.append(
+            f"paged KV: num_pages={num_pages} (batch * ceil(s_kv / page_size)) and "
+            f"max_pages_per_seq={mpps} assumed; TE takes both from its KV cache manager"
+        )
+    if fp8:
+        qkv_t, o_t, do_t, dqkv_t = _fp8_dtypes(c)
+        if c.is_training:
+            notes.append(
+                "FP8: dO and dQKV types follow the recipe's default fp8_format (HYBRID: E5M2 "
+                "gradients); the config does not carry fp8_format"
+            )
+    else:
+        qkv_t = o_t = do_t = dqkv_t = c.dtype
+    if c.num_splits > 1:
+        notes.append(f"num_splits={c.num_splits} ignored (no cuDNN graph attribute)")
+    return TEGraphConfig(
+        layout=layout,
+        sm=sm,
+        cudnn_version=cudnn_version,
+        fp8=fp8,
+        ragged_q=ragged_q,
+        ragged_kv=ragged_kv,
+        paged=paged,
+        padding="padding" in m,
+        causal=causal,
+        causal_bottom_right=causal_br,
+        bias=_bias_dims(c) is not None,
+        alibi=c.bias_type == "alibi" and c.alibi_slopes_shape is None,
+        softmax_offset=c.softmax_type != "vanilla",
+        dropout=dropout,
+        deterministic=c.deterministic,
+        return_max_logit=c.return_max_logit,
+        bottom_right_diagonal=brd,
+        window=(int(window[0]), int(window[1])),
+        uses_cu_seqlens_directly=uses_cu,
+        uses_ragged_graph=uses_ragged_graph,
+        uses_ragged_stats=ragged_q and uses_ragged_graph,
+        batch_size=b,
+        bucketed_batch_size=bucketed_b,
+        num_tokens_q=c.num_tokens_q,
+        num_tokens_kv=c.num_tokens_kv,
+        graph_batch_size_fwd=gb_fwd,
+        graph_batch_size_bwd=gb_bwd,
+        graph_max_seqlen_q=sq,
+        graph_max_seqlen_kv=skv,
+        ragged_offset_type_fwd="INT32" if uses_cu else "INT64",
+        ragged_offset_type_bwd="INT64",
+        offset_mults=mults,
+        kv_offsets_from_q=kv_from_q,
+        bias_dims=_bias_dims(c),
+        num_pages=num_pages,
+        page_size=page_size,
+        max_pages_per_seq=mpps,
+        h=h,
+        hg=hg,
+        d_qk=dqk,
+        d_v=dv,
+        qkv_dtype=qkv_t,
+        o_dtype=o_t,
+        do_dtype=do_t,
+        dqkv_dtype=dqkv_t,
+        fp8_delayed=fp8 and c.fp8_recipe == "delayed",
+        fp8_current=fp8 and c.fp8_recipe == "current",
+        notes=tuple(notes),
+    )
+
+
+def _te_qkv_format(layout: str) -> str:
+    """``nvte_get_qkv_format``: one format when q and kv agree, else e.g. ``thd_2bshd``."""
+    q, k, _ = layout_pieces(layout)
+    q, k = _plain(q), _plain(k)
+    return q if q == k else f"{q}_2{k}"
+
+
+def te_refusal(c: FusedAttnConfig, d: TEGraphConfig) -> str | None:
+    """What TE 2.20.2's ``nvte_get_fused_attn_backend_v2`` (fused_attn.cpp) refuses before it
+    builds any graph, the first hit in TE's order; ``None`` when it goes on to ask cuDNN. Stated
+    once, as the binding rules :data:`te_fl_attention.probes.cudnn.CPP_RULES` (evaluated here for
+    the device being planned), plus the C++'s own dtype check ("Unsupported QKV dtype"; TE's
+    Python filter ``fused.dtype`` refuses such configs first)."""
+    from ..device import DeviceProfile
+    from .base import evaluate
+    from .cudnn import CPP_RULES
+
+    if not d.fp8 and c.dtype not in ("fp16", "bf16"):
+        return f"Unsupported QKV dtype qkv_dtype={c.dtype} ."
+    v = d.cudnn_version
+    device = DeviceProfile("planned", sm=d.sm, cudnn=f"{v // 10000}.{v // 100 % 100}.{v % 100}",
+                           source="catalog")  # fmt: skip
+    reasons = evaluate(CPP_RULES, c, device)
+    return f"{reasons[0].code}: {reasons[0].message}" if reasons else None
+
+
+def te_matrix_strides(layout: str, matrix: str, b: int, h: int, s_q: int, s_kv: int, d: int
+                      ) -> list[int]:  # fmt: skip
+    """``[b, h, s, d]`` strides of the ``matrix`` ("Q", "K", "V", "O") of a layout: TE 2.20.2
+    utils.cu ``generateMatrixStrides`` (and utils.h ``generateMatrixStridesWithLayout`` /
+    ``WithFormat`` for FP8, which agree). BSHD/THD: b = s*h*d, h = d, s = h*d (s: the graph's
+    seq dim, the bucketed token count for THD on the ragged graph); SBHD: b = h*d, s = b*h*d;
+    packed 3/2 multiply by 3/2 (H3D/H2D: h = 3d/2d); BHSD: b = h*s*d, h = s*d, s = d. O uses
+    the q format unpacked; q/k/v-packed (3) layouts take s_q for every matrix."""
+    qf, kf, vf = layout_pieces(layout)
+    if matrix in ("Q", "O"):
+        fmt, s = (qf if matrix == "Q" else _plain(qf)), s_q
+    else:
+        fmt = kf if matrix == "K" else vf
+        s = s_q if "3" in fmt else s_kv
+    return strides_bhsd(fmt, {"b": b, "s": s, "h": h, "d": d})
+
+
+def _dtype(cudnn: Any, name: str) -> Any:
     dt = cudnn.data_type
-    if c.fp8:
-        return dt.FP8_E5M2 if c.dtype == "fp8_e5m2" else dt.FP8_E4M3
-    return {"fp16": dt.HALF, "bf16": dt.BFLOAT16, "fp32": dt.FLOAT}[c.dtype]
+    return {
+        "fp16": dt.HALF,
+        "bf16": dt.BFLOAT16,
+        "fp32": dt.FLOAT,
+        "fp8_e4m3": dt.FP8_E4M3,
+        "fp8_e5m2": dt.FP8_E5M2,
+        "INT32": dt.INT32,
+        "INT64": dt.INT64,
+    }[name]
+
+
+def _io_dtype(cudnn: Any, d: TEGraphConfig) -> Any:
+    """The graph's io type: TE sets ``set_io_data_type(qkv dtype)`` in every builder."""
+    return _dtype(cudnn, d.qkv_dtype)
 
 
 class _Builder:
-    """Builds the forward or backward graph of one config on one backend graph object."""
+    """Builds TE 2.20.2's forward or backward graph of one derived config on one backend graph.
 
-    def __init__(self, cudnn: Any, g: Any, s: _Shapes, io: Any) -> None:
-        self.cudnn, self.g, self.s, self.io = cudnn, g, s, io
+    Tensors TE creates without a data type are created without one here (cudnn-frontend fills
+    in the graph's io type), so the graph's JSON matches TE's; the creation order follows TE's
+    builders (it decides the UIDs cudnn-frontend hands out)."""
+
+    def __init__(self, cudnn: Any, g: Any, d: TEGraphConfig) -> None:
+        self.cudnn, self.g, self.d = cudnn, g, d
         self.dt = cudnn.data_type
-        self.offset_dtype = self.dt.INT64
 
+    # -------------------------------------------------------------- helpers
     def t(self, name: str, dim: list[int], stride: list[int], dtype: Any = None, **kw: Any) -> Any:
+        """``mha_graph->tensor(...)``; ``dtype=None``: TE sets no data type."""
         return self.g.tensor(
-            name=name, dim=dim, stride=stride, data_type=self.io if dtype is None else dtype, **kw
+            name=name,
+            dim=dim,
+            stride=stride,
+            data_type=self.dt.NOT_SET if dtype is None else dtype,
+            **kw,
         )
 
     def scalar(self, name: str, dtype: Any = None, by_value: bool = False) -> Any:
@@ -467,184 +736,328 @@ class _Builder:
             is_pass_by_value=by_value,
         )
 
-    def offsets(self, name: str) -> Any:
-        return self.t(name, [self.s.b + 1, 1, 1, 1], [1, 1, 1, 1], self.offset_dtype)
+    def one(self) -> Any:
+        """TE's ``mha_graph->tensor(1.0f)``: a pass-by-value FLOAT 1.0 of dim/stride ``{1}``."""
+        return self.g.tensor_scalar(1.0, self.cudnn.scalar_type.RUNTIME_PARAM)
 
-    def qkv(self, with_offsets: dict[str, Any]) -> tuple[Any, Any, Any]:
-        s = self.s
-        q = self.t("Q", s.q_dim, s.q_stride, ragged_offset=with_offsets.get("q"))
-        k = self.t("K", s.k_dim, s.k_stride, ragged_offset=with_offsets.get("k"))
-        v = self.t("V", s.v_dim, s.v_stride, ragged_offset=with_offsets.get("v"))
-        return q, k, v
+    def offset(self, name: str, b: int, dtype: str) -> Any:
+        """A ragged offset tensor ``[b+1, 1, 1, 1]`` stride 1 (every TE builder)."""
+        return self.t(name, [b + 1, 1, 1, 1], [1, 1, 1, 1], _dtype(self.cudnn, dtype))
 
-    def ragged_offsets(self) -> dict[str, Any]:
-        s, off = self.s, {}
-        if s.ragged_q:
-            off["q"] = self.offsets("offset_q")
-            off["o"] = self.offsets("offset_o")
-        if s.ragged_kv:
-            off["k"] = self.offsets("offset_k")
-            off["v"] = self.offsets("offset_v")
-        if s.ragged_stats:
-            off["stats"] = self.offsets("offset_stats")
-        return off
+    def attach(self, tensor: Any, off: Any, role: str, with_mult: bool) -> None:
+        """``set_ragged_offset`` (+ ``set_ragged_offset_multiplier`` when TE passes cu_seqlens
+        directly, forward only)."""
+        tensor.set_ragged_offset(off)
+        if with_mult:
+            tensor.set_ragged_offset_multiplier(self.d.offset_mults[role])
 
-    def common_kwargs(self, fp8: bool) -> dict[str, Any]:
-        s, c, kw = self.s, self.s.c, {}
-        kw["attn_scale"] = self.scalar("attn_scale", by_value=True)
-        kw["diagonal_alignment"] = getattr(self.cudnn.diagonal_alignment, s.align)
-        if fp8:
-            left_key, right_key = "left_bound", "right_bound"
+    def strides(self, matrix: str, b: int, h: int, d: int) -> list[int]:
+        x = self.d
+        return te_matrix_strides(
+            x.layout, matrix, b, h, x.graph_max_seqlen_q, x.graph_max_seqlen_kv, d
+        )
+
+    def stats_stride(self, b: int) -> list[int]:
+        """TH1 ``{h*s_q, 1, h, 1}`` on the ragged path (uses_ragged_stats), else BHS1
+        ``{h*s_q, s_q, 1, 1}`` (create_graph_f16_fwd/bwd, create_graph_fp8_fwd/bwd)."""
+        h, sq = self.d.h, self.d.graph_max_seqlen_q
+        return [h * sq, 1, h, 1] if self.d.uses_ragged_stats else [h * sq, sq, 1, 1]
+
+    def masking(self, kw: dict[str, Any], fp8: bool) -> None:
+        """Diagonal alignment and band bounds. F16 (create_graph_f16_fwd/bwd, no version gate in
+        2.20.2): BOTTOM_RIGHT iff bottom_right_diagonal; left = window_left + 1 unless -1;
+        right = window_right unless -1; right 0 for both causal kinds. FP8
+        (create_graph_fp8_fwd/bwd): ``set_causal_mask(is_causal)``, the bounds only with cuDNN
+        >= 9.21, right 0 for bottom-right causal. cudnn-frontend's ``set_causal_mask(true)`` is
+        TOP_LEFT + right bound 0 (graph_properties.h); its Python binding refuses
+        ``use_causal_mask`` together with a right bound, so that effect is passed instead."""
+        x = self.d
+        left, right = x.window
+        kw["diagonal_alignment"] = getattr(
+            self.cudnn.diagonal_alignment, "BOTTOM_RIGHT" if x.bottom_right_diagonal else "TOP_LEFT"
+        )
+        lk, rk = ("left_bound", "right_bound") if fp8 else (
+            "diagonal_band_left_bound", "diagonal_band_right_bound")  # fmt: skip
+        if not fp8 or x.cudnn_version >= 92100:
+            if left != -1:
+                kw[lk] = left + 1
+            if right != -1:
+                kw[rk] = right
+        if x.causal_bottom_right or x.causal:
+            kw[rk] = 0
+
+    def padding(self, kw: dict[str, Any], b: int, fwd: bool) -> None:
+        """Padding: forward with cu_seqlens directly -> ``cu_seq_len_q/kv`` ``[b+1]`` INT32 and
+        ``implementation(UNIFIED)``; otherwise (and always in the backward) ``seq_q/seq_kv``
+        ``[b]`` INT32 (create_graph_f16_fwd/bwd, create_graph_fp8_fwd/bwd)."""
+        if not self.d.padding:
+            return
+        kw["use_padding_mask"] = True
+        i32 = self.dt.INT32
+        if fwd and self.d.uses_cu_seqlens_directly:
+            kw["cu_seq_len_q"] = self.t("cu_seq_len_q", [b + 1, 1, 1, 1], [1, 1, 1, 1], i32)
+            kw["cu_seq_len_kv"] = self.t("cu_seq_len_kv", [b + 1, 1, 1, 1], [1, 1, 1, 1], i32)
+            kw["implementation"] = self.cudnn.attention_implementation.UNIFIED
         else:
-            left_key, right_key = "diagonal_band_left_bound", "diagonal_band_right_bound"
-        if s.left_bound is not None:
-            kw[left_key] = s.left_bound
-        if s.right_bound is not None:
-            kw[right_key] = s.right_bound
-        if s.padding:
-            seq = [s.b, 1, 1, 1]
-            kw["use_padding_mask"] = True
-            kw["seq_len_q"] = self.t("seq_q", seq, [1, 1, 1, 1], self.dt.INT32)
-            kw["seq_len_kv"] = self.t("seq_kv", seq, [1, 1, 1, 1], self.dt.INT32)
-        if not fp8 and c.bias_type == "alibi":
-            kw["use_alibi_mask"] = True
-        if s.dropout:
+            kw["seq_len_q"] = self.t("seq_q", [b, 1, 1, 1], [1, 1, 1, 1], i32)
+            kw["seq_len_kv"] = self.t("seq_kv", [b, 1, 1, 1], [1, 1, 1, 1], i32)
+
+    def dropout(self, kw: dict[str, Any]) -> None:
+        """``Seed`` / ``Offset``: INT64 ``[1,1,1,1]`` device tensors (every builder)."""
+        if self.d.dropout:
             seed = self.scalar("Seed", self.dt.INT64)
             offset = self.scalar("Offset", self.dt.INT64)
-            kw["dropout"] = (s.dropout, seed, offset)
-        if c.softmax_type != "vanilla":
-            kw["sink_token"] = self.t(
-                "softmax_offset", [1, s.h, 1, 1], [s.h, 1, 1, 1], self.dt.FLOAT
+            kw["dropout"] = (self.d.dropout, seed, offset)
+
+    def sink(self, kw: dict[str, Any], bwd: bool) -> None:
+        """Off-by-one / learnable softmax: ``softmax_offset`` ``[1,h,1,1]`` FLOAT as the sink
+        token; the backward also ``d_softmax_offset`` (``set_dsink_token``)."""
+        if not self.d.softmax_offset:
+            return
+        h = self.d.h
+        kw["sink_token"] = self.t("softmax_offset", [1, h, 1, 1], [h, 1, 1, 1], self.dt.FLOAT)
+        if bwd:
+            kw["dSink_token"] = self.t(
+                "d_softmax_offset", [1, h, 1, 1], [h, 1, 1, 1], self.dt.FLOAT
             )
-        if s.ragged_q:
-            kw["max_total_seq_len_q"] = s.b * s.sq
-        if s.ragged_kv:
-            kw["max_total_seq_len_kv"] = s.b * s.skv
-        return kw
 
-    def bias(self) -> Any:
-        s = self.s
-        if s.bias_dim is None:
-            return None
-        bd = s.bias_dim
-        return self.t("bias", bd, [bd[1] * bd[2] * bd[3], bd[2] * bd[3], bd[3], 1])
+    def bias(self, kw: dict[str, Any], bwd: bool) -> None:
+        """Post-scale bias with its real dims, strides ``[h*sq*skv, sq*skv, skv, 1]``; in the
+        backward dBias with the same dims unless the bias is ``[1, 1, 1, s_kv]`` whether or not
+        it needs a gradient (create_graph_f16_bwd; TE's torch extension always allocates dBias,
+        csrc/extensions/attention.cpp)."""
+        dims = self.d.bias_dims
+        if dims is None:
+            return
+        bb, bh, bsq, bskv = dims
+        stride = [bh * bsq * bskv, bsq * bskv, bskv, 1]
+        kw["bias"] = self.t("bias", list(dims), stride)
+        if bwd and not (bb == 1 and bh == 1 and bsq == 1):
+            kw["dBias"] = self.t("dBias", list(dims), stride)
 
-    def paged_kwargs(self) -> dict[str, Any]:
-        s = self.s
-        if not s.paged:
-            return {}
-        n = s.pages_per_seq
-        return {
-            "paged_attention_k_table": self.t(
-                "page_table_k", [s.b, 1, n, 1], [n, n, 1, 1], self.dt.INT32
-            ),
-            "paged_attention_v_table": self.t(
-                "page_table_v", [s.b, 1, n, 1], [n, n, 1, 1], self.dt.INT32
-            ),
-            "paged_attention_max_seq_len_kv": s.skv,
-        }
-
-    def stats_tensor_out(self, t: Any, off: dict[str, Any]) -> None:
-        s = self.s
-        t.set_output(True).set_data_type(self.dt.FLOAT).set_dim([s.b, s.h, s.sq, 1])
-        t.set_stride(s.stats_stride)
-        if "stats" in off:
-            t.set_ragged_offset(off["stats"])
-
-    # -------------------------------------------------------------- forward
-    def forward(self) -> None:
-        s, c = self.s, self.s.c
-        off = self.ragged_offsets()
-        q, k, v = self.qkv(off)
-        kw = self.common_kwargs(fp8=c.fp8)
-        kw.update(self.paged_kwargs())
-        if c.return_max_logit:
-            mx = self.t("Max", [s.b, s.h, s.sq, 1], s.stats_stride, self.dt.FLOAT)
-            if "stats" in off:
-                mx.set_ragged_offset(off["stats"])
-            mx.set_output(True)
+    # -------------------------------------------------------------- F16/BF16
+    def f16_forward(self) -> None:
+        """``create_graph_f16_fwd`` (fused_attn_f16_arbitrary_seqlen.cu)."""
+        x, dt = self.d, self.dt
+        b, h, hg, dqk, dv = x.graph_batch_size_fwd, x.h, x.hg, x.d_qk, x.d_v
+        sq, skv = x.graph_max_seqlen_q, x.graph_max_seqlen_kv
+        odt, mult = x.ragged_offset_type_fwd, x.uses_cu_seqlens_directly
+        q = self.t("Q", [b, h, sq, dqk], self.strides("Q", b, h, dqk))
+        if x.ragged_q:
+            self.attach(q, self.offset("offset_q", b, odt), "q", mult)
+        if x.paged:
+            npg, ps = x.num_pages, x.page_size
+            k_stride = te_matrix_strides(x.layout, "K", npg, hg, ps, ps, dqk)
+            v_stride = te_matrix_strides(x.layout, "V", npg, hg, ps, ps, dv)
+            k = self.t("K", [npg, hg, ps, dqk], k_stride)
+            v = self.t("V", [npg, hg, ps, dv], v_stride)
+        else:
+            k = self.t("K", [b, hg, skv, dqk], self.strides("K", b, hg, dqk))
+            v = self.t("V", [b, hg, skv, dv], self.strides("V", b, hg, dv))
+            if x.ragged_kv:
+                off_k = self.offset("offset_k", b, odt)
+                off_v = self.offset("offset_v", b, odt)
+                self.attach(k, off_k, "k", mult)
+                self.attach(v, off_v, "v", mult)
+        kw: dict[str, Any] = {"attn_scale": self.scalar("attn_scale", by_value=True)}
+        self.masking(kw, fp8=False)
+        kw["use_alibi_mask"] = x.alibi
+        self.bias(kw, bwd=False)
+        self.padding(kw, b, fwd=True)
+        if x.paged:
+            n = x.max_pages_per_seq  # TE: page_table_k strides {mpps_k, mpps_v, 1, 1} (sic)
+            kw["paged_attention_k_table"] = self.t("page_table_k", [b, 1, n, 1], [n, n, 1, 1],
+                                                   dt.INT32)  # fmt: skip
+            kw["paged_attention_v_table"] = self.t("page_table_v", [b, 1, n, 1], [n, n, 1, 1],
+                                                   dt.INT32)  # fmt: skip
+            kw["paged_attention_max_seq_len_kv"] = skv
+        self.dropout(kw)
+        self.sink(kw, bwd=False)
+        off_stats = self.offset("offset_stats", b, odt) if x.uses_ragged_stats else None
+        if x.return_max_logit:
+            mx = self.t("Max", [b, h, sq, 1], self.stats_stride(b), dt.FLOAT)
+            if off_stats is not None:
+                self.attach(mx, off_stats, "stats", mult)
             kw["score_max"] = mx
-        if c.fp8:
-            names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
-            scales = [self.scalar(n) for n in names]
-            outs = self.g.sdpa_fp8(q, k, v, *scales, generate_stats=True, name="sdpa_fp8", **kw)
-            o, stats, amax_s, amax_o = outs[:4]
-            for a in (amax_s, amax_o):
-                a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
-                a.set_data_type(self.dt.FLOAT)
-        else:
-            bias = self.bias()
-            if bias is not None:
-                kw["bias"] = bias
-            o, stats = self.g.sdpa(q, k, v, generate_stats=True, name="flash_attention", **kw)
-        o.set_output(True).set_dim(s.o_dim).set_stride(s.o_stride).set_data_type(self.io)
-        if "o" in off:
-            o.set_ragged_offset(off["o"])
-        self.stats_tensor_out(stats, off)
+        o, stats = self.g.sdpa(q, k, v, generate_stats=True, name="flash_attention", **kw)
+        o.set_output(True).set_dim([b, h, sq, dv]).set_stride(self.strides("O", b, h, dv))
+        if x.ragged_q:
+            self.attach(o, self.offset("offset_o", b, odt), "o", mult)
+        stats.set_output(True).set_data_type(dt.FLOAT).set_dim([b, h, sq, 1])
+        stats.set_stride(self.stats_stride(b))
+        if off_stats is not None:
+            self.attach(stats, off_stats, "stats", mult)
 
-    # -------------------------------------------------------------- backward
-    def backward(self) -> None:
-        s, c = self.s, self.s.c
-        off = self.ragged_offsets()
-        q, k, v = self.qkv(off)
-        o = self.t("O", s.o_dim, s.o_stride, ragged_offset=off.get("o"))
-        d_o = self.t("dO", s.o_dim, s.o_stride, ragged_offset=off.get("o"))
-        stats = self.t(
-            "stats",
-            [s.b, s.h, s.sq, 1],
-            s.stats_stride,
-            self.dt.FLOAT,
-            ragged_offset=off.get("stats"),
+    def _bwd_inputs(self, stats_name: str, dtypes: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The backward graphs' inputs, in TE's creation order (``create_graph_f16_bwd`` and
+        ``create_graph_fp8_bwd`` agree): Q, K, V, O, dO (``dtypes``: their data types, ``None``
+        where TE sets none), their ragged offsets (always ``ragged_offset_type_bwd``, INT64; dO
+        shares O's), and the stats with ``offset_stats`` when they are ragged. Returns
+        ``(q, k, v, o, d_o, stats, offsets)``."""
+        x, dt = self.d, self.dt
+        b, h, hg, dqk, dv = x.graph_batch_size_bwd, x.h, x.hg, x.d_qk, x.d_v
+        sq, skv = x.graph_max_seqlen_q, x.graph_max_seqlen_kv
+        odt = x.ragged_offset_type_bwd
+        qs, ks = self.strides("Q", b, h, dqk), self.strides("K", b, hg, dqk)
+        vs, os_ = self.strides("V", b, hg, dv), self.strides("O", b, h, dv)
+        q = self.t("Q", [b, h, sq, dqk], qs, dtypes[0])
+        k = self.t("K", [b, hg, skv, dqk], ks, dtypes[1])
+        v = self.t("V", [b, hg, skv, dv], vs, dtypes[2])
+        o = self.t("O", [b, h, sq, dv], os_, dtypes[3])
+        d_o = self.t("dO", [b, h, sq, dv], os_, dtypes[4])
+        off: dict[str, Any] = {}
+        if x.ragged_q:
+            off["q"], off["o"] = self.offset("offset_q", b, odt), self.offset("offset_o", b, odt)
+            for tensor, role in ((q, "q"), (o, "o"), (d_o, "o")):
+                tensor.set_ragged_offset(off[role])
+        if x.ragged_kv:
+            off["k"], off["v"] = self.offset("offset_k", b, odt), self.offset("offset_v", b, odt)
+            k.set_ragged_offset(off["k"])
+            v.set_ragged_offset(off["v"])
+        stats = self.t(stats_name, [b, h, sq, 1], self.stats_stride(b), dt.FLOAT)
+        if x.uses_ragged_stats:
+            stats.set_ragged_offset(self.offset("offset_stats", b, odt))
+        return q, k, v, o, d_o, stats, off
+
+    def f16_backward(self) -> None:
+        """``create_graph_f16_bwd`` (fused_attn_f16_arbitrary_seqlen.cu)."""
+        x = self.d
+        b, h, hg, dqk, dv = x.graph_batch_size_bwd, x.h, x.hg, x.d_qk, x.d_v
+        sq, skv = x.graph_max_seqlen_q, x.graph_max_seqlen_kv
+        q, k, v, o, d_o, stats, off = self._bwd_inputs("stats", (None,) * 5)
+        qs, ks, vs = (t.get_stride() for t in (q, k, v))
+        kw: dict[str, Any] = {"attn_scale": self.scalar("attn_scale", by_value=True)}
+        # max_total_seq_len: q iff ragged stats, kv iff ragged kv on the ragged graph (2.20.2
+        # binary 0x1965f11-0x1965f4f); never in the forward.
+        if x.uses_ragged_stats:
+            kw["max_total_seq_len_q"] = sq
+        if x.ragged_kv and x.uses_ragged_graph:
+            kw["max_total_seq_len_kv"] = skv
+        self.masking(kw, fp8=False)
+        kw["use_deterministic_algorithm"] = x.deterministic
+        kw["use_alibi_mask"] = x.alibi
+        self.bias(kw, bwd=True)
+        self.padding(kw, b, fwd=False)
+        self.dropout(kw)
+        self.sink(kw, bwd=True)
+        dq, dk, dv_ = self.g.sdpa_backward(
+            q, k, v, o, d_o, stats, name="flash_attention_backward", **kw
         )
-        kw = self.common_kwargs(fp8=c.fp8)
-        kw["use_deterministic_algorithm"] = c.deterministic
-        if c.softmax_type != "vanilla":
-            d_sink = self.t("d_softmax_offset", [1, s.h, 1, 1], [s.h, 1, 1, 1], self.dt.FLOAT)
-            d_sink.set_output(True)
-            kw["dSink_token"] = d_sink
-        if c.fp8:
-            kw.pop("use_alibi_mask", None)
-            names = (
-                "descale_q",
-                "descale_k",
-                "descale_v",
-                "descale_o",
-                "descale_dO",
-                "descale_s",
-                "descale_dP",
-                "scale_s",
-                "scale_dQ",
-                "scale_dK",
-                "scale_dV",
-                "scale_dP",
-            )
-            scales = [self.scalar(n) for n in names]
-            outs = self.g.sdpa_fp8_backward(
-                q, k, v, o, d_o, stats, *scales, name="sdpa_fp8_backward", **kw
-            )
-            dq, dk, dv = outs[:3]
-            for a in outs[3:7]:
-                a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
-                a.set_data_type(self.dt.FLOAT)
+        dq.set_output(True).set_dim([b, h, sq, dqk]).set_stride(qs)
+        dk.set_output(True).set_dim([b, hg, skv, dqk]).set_stride(ks)
+        dv_.set_output(True).set_dim([b, hg, skv, dv]).set_stride(vs)
+        if x.ragged_q:
+            dq.set_ragged_offset(off["q"])
+        if x.ragged_kv:
+            dk.set_ragged_offset(off["k"])
+            dv_.set_ragged_offset(off["v"])
+
+    # -------------------------------------------------------------- FP8 (per-tensor scaling)
+    def fp8_forward(self) -> None:
+        """``create_graph_fp8_fwd`` (fused_attn_fp8.cu), per-tensor (delayed / current)
+        scaling: scalar FLOAT ``Descale_q``/``Descale_q`` (TE names K's descale like Q's)/
+        ``Descale_v``/``Descale_s``/``Scale_s``, ``Scale_o`` a real input for delayed and a
+        constant 1.0 for current scaling; outputs O (o dtype), Stats, ``amax_s``, ``amax_o``."""
+        x, dt, cd = self.d, self.dt, self.cudnn
+        b, h, hg, dqk, dv = x.graph_batch_size_fwd, x.h, x.hg, x.d_qk, x.d_v
+        sq, skv = x.graph_max_seqlen_q, x.graph_max_seqlen_kv
+        odt, mult = x.ragged_offset_type_fwd, x.uses_cu_seqlens_directly
+        io = _dtype(cd, x.qkv_dtype)
+        q = self.t("Q", [b, h, sq, dqk], self.strides("Q", b, h, dqk), io)
+        if x.ragged_q:
+            self.attach(q, self.offset("offset_q", b, odt), "q", mult)
+        k = self.t("K", [b, hg, skv, dqk], self.strides("K", b, hg, dqk), io)
+        v = self.t("V", [b, hg, skv, dv], self.strides("V", b, hg, dv), io)
+        if x.ragged_kv:
+            off_k, off_v = self.offset("offset_k", b, odt), self.offset("offset_v", b, odt)
+            self.attach(k, off_k, "k", mult)
+            self.attach(v, off_v, "v", mult)
+        attn_scale = self.scalar("attn_scale", by_value=True)
+        descale_q = self.scalar("Descale_q")
+        descale_k = self.g.tensor_like(descale_q, "Descale_q")
+        descale_v = self.g.tensor_like(descale_q, "Descale_v")
+        descale_s = self.g.tensor_like(descale_q, "Descale_s")
+        scale_s = self.g.tensor_like(descale_q, "Scale_s")
+        scale_o = self.g.tensor_like(descale_q, "Scale_o") if x.fp8_delayed else self.one()
+        kw: dict[str, Any] = {"attn_scale": attn_scale}
+        self.masking(kw, fp8=True)
+        self.padding(kw, b, fwd=True)
+        self.dropout(kw)
+        self.sink(kw, bwd=False)
+        o, stats, amax_s, amax_o = self.g.sdpa_fp8(
+            q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o,
+            generate_stats=True, name="sdpa_fp8", **kw,
+        )  # fmt: skip
+        amax_s.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
+        amax_s.set_data_type(dt.FLOAT)
+        o.set_output(True).set_dim([b, h, sq, dv]).set_stride(self.strides("O", b, h, dv))
+        o.set_data_type(_dtype(cd, x.o_dtype))
+        if x.ragged_q:
+            self.attach(o, self.offset("offset_o", b, odt), "o", mult)
+        amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
+        amax_o.set_data_type(dt.FLOAT)
+        stats.set_output(True).set_data_type(dt.FLOAT).set_dim([b, h, sq, 1])
+        stats.set_stride(self.stats_stride(b))
+        if x.uses_ragged_stats:
+            self.attach(stats, self.offset("offset_stats", b, odt), "stats", mult)
+
+    def fp8_backward(self) -> None:
+        """``create_graph_fp8_bwd`` (fused_attn_fp8.cu), per-tensor scaling: O in o dtype, dO in
+        the gradient type, dQ/dK/dV in ``dqkv_dtype``; ``Descale_O`` a constant 1.0 for current
+        scaling with O in F16, ``Scale_dQ/dK/dV`` real for delayed and 1.0 for current; outputs
+        amax_dQ/dK/dV/dP. Deterministic only with cuDNN >= 9.19; no max_total_seq_len."""
+        x, dt, cd = self.d, self.dt, self.cudnn
+        b, h, hg, dqk, dv = x.graph_batch_size_bwd, x.h, x.hg, x.d_qk, x.d_v
+        sq, skv = x.graph_max_seqlen_q, x.graph_max_seqlen_kv
+        io = _dtype(cd, x.qkv_dtype)
+        q, k, v, o, d_o, stats, off = self._bwd_inputs(
+            "Stats", (io, io, io, _dtype(cd, x.o_dtype), _dtype(cd, x.do_dtype)))
+        qs, ks, vs = (t.get_stride() for t in (q, k, v))
+        attn_scale = self.scalar("attn_scale", by_value=True)
+        descale_q = self.scalar("Descale_q")
+        like = self.g.tensor_like
+        descale_k, descale_v = like(descale_q, "Descale_q"), like(descale_q, "Descale_v")
+        descale_s, scale_s = like(descale_q, "Descale_s"), like(descale_q, "Scale_s")
+        descale_dp, scale_dp = like(descale_q, "Descale_dP"), like(descale_q, "Scale_dP")
+        o_in_f16 = x.o_dtype in ("fp16", "bf16")
+        descale_o = self.one() if x.fp8_current and o_in_f16 else like(descale_q, "Descale_O")
+        descale_do = like(descale_q, "Descale_dO")
+        if x.fp8_delayed:
+            scale_dq, scale_dk = like(descale_q, "Scale_dQ"), like(descale_q, "Scale_dK")
+            scale_dv = like(descale_q, "Scale_dV")
         else:
-            bias = self.bias()
-            if bias is not None:
-                kw["bias"] = bias
-                if c.bias_requires_grad:
-                    d_bias = self.t("dBias", s.bias_dim, bias.get_stride())
-                    d_bias.set_output(True)
-                    kw["dBias"] = d_bias
-            dq, dk, dv = self.g.sdpa_backward(
-                q, k, v, o, d_o, stats, name="flash_attention_backward", **kw
-            )
-        for t, dim, stride, key in (
-            (dq, s.q_dim, s.q_stride, "q"),
-            (dk, s.k_dim, s.k_stride, "k"),
-            (dv, s.v_dim, s.v_stride, "v"),
-        ):
-            t.set_output(True).set_dim(dim).set_stride(stride).set_data_type(self.io)
-            if key in off:
-                t.set_ragged_offset(off[key])
+            scale_dq, scale_dk, scale_dv = self.one(), self.one(), self.one()
+        kw: dict[str, Any] = {"attn_scale": attn_scale}
+        self.masking(kw, fp8=True)
+        if x.cudnn_version >= 91900:
+            kw["use_deterministic_algorithm"] = x.deterministic
+        self.padding(kw, b, fwd=False)
+        self.dropout(kw)
+        self.sink(kw, bwd=True)
+        outs = self.g.sdpa_fp8_backward(
+            q, k, v, o, d_o, stats, descale_q, descale_k, descale_v, descale_o, descale_do,
+            descale_s, descale_dp, scale_s, scale_dq, scale_dk, scale_dv, scale_dp,
+            name="sdpa_fp8_backward", **kw,
+        )  # fmt: skip
+        dq, dk, dv_ = outs[:3]
+        dqkv = _dtype(cd, x.dqkv_dtype)
+        for t, dim, stride in ((dq, [b, h, sq, dqk], qs), (dk, [b, hg, skv, dqk], ks),
+                               (dv_, [b, hg, skv, dv], vs)):  # fmt: skip
+            t.set_output(True).set_dim(dim).set_stride(stride).set_data_type(dqkv)
+        if x.ragged_q:
+            dq.set_ragged_offset(off["q"])
+        if x.ragged_kv:
+            dk.set_ragged_offset(off["k"])
+            dv_.set_ragged_offset(off["v"])
+        for a in outs[3:7]:
+            a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
+            a.set_data_type(dt.FLOAT)
+
+    def build(self, which: str) -> None:
+        if self.d.fp8:
+            self.fp8_forward() if which == "fwd" else self.fp8_backward()
+        else:
+            self.f16_forward() if which == "fwd" else self.f16_backward()
 
 
 # ---------------------------------------------------------------------------------------- probing
@@ -680,6 +1093,7 @@ def probe_config(
     build_plans: bool = False,
     heuristics: tuple[str, ...] = HEURISTICS,
     use_real_gpu: bool = False,
+    spec: bool = False,
 ) -> dict[str, Any]:
     """Build the config's SDPA graph(s) for ``device`` and return cuDNN's answer (module doc).
 
@@ -687,10 +1101,14 @@ def probe_config(
     (``"h100"``), a descriptor dict, or ``None`` (only with ``use_real_gpu``: the real device
     is described by itself). ``sm``: the ``sm_version`` to plan for (default: the descriptor's
     ``deviceVer // 10``, or the real device's). ``build_plans``: also compile the plans (slow).
-    ``heuristics``: cuDNN heuristic modes, tried in order until one yields a supported plan.
-    ``use_real_gpu``: plan on this process's current GPU with a real cuDNN handle (mode
-    ``"device"``) where a real driver with a GPU is loaded; elsewhere (the stub driver) plan
-    deviceless with the descriptor and say so in ``notes``. A failed handle falls back to the
+    ``heuristics``: cuDNN heuristic modes; the first (heur_mode.A, the only one TE asks) gives
+    the verdict, the others are asked only for a note when it finds no supported plan.
+    ``spec``: add ``graph_spec`` (``{"fwd": <cudnn-frontend JSON>, "bwd": ...}`` of each graph
+    built, taken after ``validate``, or as far as it got when building or validating failed) and
+    ``derived`` (TE's derived config, :class:`TEGraphConfig`). ``use_real_gpu``: plan on this
+    process's current GPU with a real cuDNN handle (mode ``"device"``) where a real driver with
+    a GPU is loaded; elsewhere (the stub driver) plan deviceless with the descriptor and say so
+    in ``notes``. A failed handle falls back to the
     descriptor too. The real-handle path **never ran on a GPU** (only with a fake handle).
     """
     t0 = time.perf_counter()
@@ -789,71 +1207,99 @@ def probe_config(
                 **base,
             )
     assert sm is not None
-    shapes = _Shapes(cfg, sm)
-    io = _io_dtype(cudnn, cfg)
+    d = derive(cfg, sm, int(st["version_int"]))
+    spec_out: dict[str, Any] = {}
+    extra: dict[str, Any] = {"graph_spec": spec_out, "derived": d.to_dict()} if spec else {}
+    refusal = te_refusal(cfg, d)
+    if refusal is not None:
+        return done(
+            decided=True,
+            code="cudnn.te_refused",
+            step="derive",
+            message="TE 2.20.2 refuses before building a graph (nvte_get_fused_attn_backend_v2): "
+            + refusal,
+            summary=refusal,
+            notes=list(d.notes),
+            **extra,
+            **base,
+        )
+    try:
+        _check_fp8_expressible(cfg)
+    except _Unsupported as exc:
+        return done(code=exc.code, step="mapping", message=str(exc), **extra, **base)
+    notes.extend(d.notes)
+    io = _io_dtype(cudnn, d)
     plans: dict[str, list[str]] = {}
     modes: dict[str, str] = {}
     graphs = ("fwd", "bwd") if cfg.is_training else ("fwd",)
     for which in graphs:
-        outcome = _run_graph(cudnn, which, shapes, io, graph_kw, build_plans, tuple(heuristics))
+        outcome = _run_graph(cudnn, which, d, io, graph_kw, build_plans, tuple(heuristics), spec)
+        if spec and outcome.get("spec") is not None:
+            spec_out[which] = outcome["spec"]
+        notes.extend(outcome.get("notes") or [])
+        modes[which] = heuristics[0]
         if not outcome["ok"]:
             fail = dict(outcome["fail"])
-            modes[which] = fail.pop("heur_mode", None) or heuristics[0]
-            return done(
-                plans=plans, heur_mode=modes, notes=shapes.notes, graph=which, **fail, **base
-            )
+            fail.pop("heur_mode", None)
+            return done(plans=plans, heur_mode=modes, graph=which, **fail, **extra, **base)
         plans[which] = outcome["plans"]
-        modes[which] = outcome["heur_mode"]
-        if outcome["heur_mode"] != heuristics[0]:
-            shapes.notes.append(
-                f"{which}: only heur_mode.{outcome['heur_mode']} proposed a supported plan "
-                f"(heur_mode.{heuristics[0]} did not; TE 2.x asks heur_mode.A only)"
-            )
-    return done(
-        supported=True, decided=True, plans=plans, heur_mode=modes, notes=shapes.notes, **base
-    )
+    return done(supported=True, decided=True, plans=plans, heur_mode=modes, **extra, **base)
+
+
+def _graph_json(g: Any) -> Any:
+    """The cudnn-frontend JSON of a graph as built so far (its own vocabulary, the same JSON
+    ``CUDNN_FRONTEND_LOG_INFO=1`` logs)."""
+    try:
+        return json.loads(str(g))
+    except Exception as exc:  # noqa: BLE001 - a half-built graph may not serialize
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _run_graph(
     cudnn: Any,
     which: str,
-    shapes: _Shapes,
+    d: TEGraphConfig,
     io: Any,
     graph_kw: dict[str, Any],
     build_plans: bool,
     heuristics: tuple[str, ...],
+    spec: bool = False,
 ) -> dict[str, Any]:
-    """One graph through the pipeline, once per heuristic mode until one yields a supported plan.
-
-    The first mode's failure is the one reported (for the default ``("A", "FALLBACK")`` that is
-    heur_mode.A, the only mode TE 2.x asks). A graph that only FALLBACK supports is reported as
-    supported with ``heur_mode="FALLBACK"`` so the caller can tell.
-    """
-    first_fail: dict[str, Any] | None = None
-    for mode in heuristics:
-        outcome = _run_graph_once(cudnn, which, shapes, io, graph_kw, build_plans, mode)
-        if outcome["ok"]:
-            outcome["heur_mode"] = mode
-            return outcome
-        if first_fail is None:
-            first_fail = outcome
-        if outcome["step"] not in ("create_execution_plans", "check_support", "build_plans"):
-            break  # the graph itself was refused; another heuristic mode cannot change that
-    assert first_fail is not None
-    return first_fail
+    """One graph through TE's pipeline with ``heuristics[0]`` (heur_mode.A: the only mode TE
+    2.20.2 asks, graph_cache.h ``query_support``), whose answer is the verdict. When it finds no
+    supported plan, the other modes are asked too, only for a note saying whether they would
+    have offered one."""
+    outcome = _run_graph_once(cudnn, which, d, io, graph_kw, build_plans, heuristics[0], spec)
+    outcome["notes"] = []
+    if outcome["ok"] or outcome["step"] not in ("create_execution_plans", "check_support"):
+        return outcome
+    for mode in heuristics[1:]:
+        other = _run_graph_once(cudnn, which, d, io, graph_kw, False, mode, False)
+        if other["ok"]:
+            outcome["notes"].append(
+                f"{which}: heur_mode.{heuristics[0]} proposed no supported plan; "
+                f"heur_mode.{mode} would have offered {len(other['plans'])} "
+                f"({', '.join(other['plans'][:3])}{', ...' if len(other['plans']) > 3 else ''}); "
+                f"the verdict is heur_mode.{heuristics[0]}'s (TE 2.20.2 asks heur_mode.A only)"
+            )
+            break
+    return outcome
 
 
 def _run_graph_once(
     cudnn: Any,
     which: str,
-    shapes: _Shapes,
+    d: TEGraphConfig,
     io: Any,
     graph_kw: dict[str, Any],
     build_plans: bool,
     mode: str,
+    spec: bool = False,
 ) -> dict[str, Any]:
     dt = cudnn.data_type
     step = "build_graph"
+    g = None
+    graph_json = None
     try:
         g = cudnn._pybind_module.backend_graph(
             io_data_type=io,
@@ -861,10 +1307,11 @@ def _run_graph_once(
             compute_data_type=dt.FLOAT,
             **graph_kw,
         )
-        builder = _Builder(cudnn, g, shapes, io)
-        builder.forward() if which == "fwd" else builder.backward()
+        _Builder(cudnn, g, d).build(which)
         step = "validate"
         g.validate()
+        if spec:
+            graph_json = _graph_json(g)
         step = "build_operation_graph"
         g.build_operation_graph()
         step = "create_execution_plans"
@@ -875,38 +1322,24 @@ def _run_graph_once(
         if build_plans:
             step = "build_plans"
             g.build_plans()
-        return {"ok": True, "plans": names, "step": None}
-    except (TypeError, AttributeError, KeyError, IndexError) as exc:
-        # A Python-level error in our mapping (or an API change), not cuDNN's verdict.
-        msg = f"{type(exc).__name__}: {exc}"
-        return {
-            "ok": False,
-            "plans": None,
-            "step": step,
-            "fail": {
-                "code": "cudnn.probe_error",
-                "step": step,
-                "message": msg,
-                "summary": msg,
-                "error_type": type(exc).__name__,
-            },
-        }
-    except Exception as exc:  # noqa: BLE001 - cuDNN's refusal (cudnnGraphNotSupportedError ...)
-        text = str(exc)
-        return {
-            "ok": False,
-            "plans": None,
-            "step": step,
-            "fail": {
-                "decided": True,
-                "code": "cudnn.not_supported",
-                "step": step,
-                "message": text,
-                "summary": summarize(text),
-                "error_type": type(exc).__name__,
-                "heur_mode": mode,
-            },
-        }
+        return {"ok": True, "plans": names, "step": None, "spec": graph_json}
+    except Exception as exc:  # noqa: BLE001 - cuDNN's refusal, or a mapping error (below)
+        mapping_error = isinstance(exc, (TypeError, AttributeError, KeyError, IndexError))
+        if step != "build_graph" and not mapping_error:
+            text = str(exc)  # cuDNN's refusal (cudnnGraphNotSupportedError ...)
+            fail = {"decided": True, "code": "cudnn.not_supported", "step": step,
+                    "message": text, "summary": summarize(text),
+                    "error_type": type(exc).__name__, "heur_mode": mode}  # fmt: skip
+        else:
+            # A Python-level error in our mapping (or an API change), or the frontend binding
+            # refusing what it was handed while the graph was put together (TE's C++ builds
+            # the same graph without such checks; cuDNN judges it at validate): undecided.
+            msg = f"{type(exc).__name__}: {exc}"
+            fail = {"code": "cudnn.probe_error", "step": step, "message": msg, "summary": msg,
+                    "error_type": type(exc).__name__}  # fmt: skip
+    if spec and graph_json is None and g is not None:
+        graph_json = _graph_json(g)
+    return {"ok": False, "plans": None, "step": step, "fail": fail, "spec": graph_json}
 
 
 def _reset_for_tests() -> None:
@@ -919,12 +1352,16 @@ def _reset_for_tests() -> None:
 
 __all__ = [
     "PIPELINE",
+    "TEGraphConfig",
     "backend_handle",
     "backend_status",
+    "derive",
     "layout_pieces",
     "probe_config",
     "strides_bhsd",
     "summarize",
+    "te_matrix_strides",
+    "te_refusal",
 ]
 
 if __name__ == "__main__":  # pragma: no cover - manual check: python -m ...cudnn_graph h100

@@ -109,6 +109,7 @@ class CudnnWorker(JsonWorker):
         build_plans: bool = False,
         heuristics: tuple[str, ...] | None = None,
         use_real_gpu: bool = False,
+        spec: bool = False,
     ) -> dict[str, Any]:
         """:func:`.cudnn_graph.probe_config` in the worker; see the module doc for failures.
 
@@ -116,8 +117,10 @@ class CudnnWorker(JsonWorker):
         fails fast without a worker), or ``None`` with ``use_real_gpu`` (the worker's device
         describes itself). ``use_real_gpu``: plan on the worker's GPU with a real handle (only
         where the worker found a real driver with a GPU; elsewhere the descriptor answers,
-        deviceless; the real path never ran on a GPU). Never raises for a bad descriptor: the
-        result says ``cudnn.bad_descriptor``.
+        deviceless; the real path never ran on a GPU). ``spec``: also return the graphs'
+        cudnn-frontend JSON (``graph_spec``) and TE's derived config (``derived``), see
+        :func:`.cudnn_graph.probe_config`. Never raises for a bad descriptor: the result says
+        ``cudnn.bad_descriptor``.
         """
         from ..descriptors import DescriptorError, load_descriptor
         from .cudnn_graph import _result
@@ -151,6 +154,8 @@ class CudnnWorker(JsonWorker):
             "build_plans": build_plans,
             "use_real_gpu": use_real_gpu,
         }
+        if spec:
+            payload["spec"] = True
         if heuristics is not None:
             payload["heuristics"] = list(heuristics)
         try:
@@ -245,6 +250,7 @@ def _serve() -> int:  # runs in the worker subprocess (measured there by gpu_bra
                 build_plans=bool(req.get("build_plans")),
                 heuristics=tuple(req.get("heuristics") or cudnn_graph.HEURISTICS),
                 use_real_gpu=bool(req.get("use_real_gpu")),
+                spec=bool(req.get("spec")),
             )
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             result = cudnn_graph._result(

@@ -4,6 +4,10 @@ A case is ``(rule name, config kwargs, device spec, expected code or None)``. Th
 up by ``__name__`` in the module's rule tuples; a refusal must carry the expected code, a message,
 a limit and (unless it reports an absence) an observed value, and the candidate's probe must
 report the same code, so the rule is known to be wired into its probe.
+
+The kwargs may hold ``FORCE: {field: value}``: values set on the config *after* validation, for
+what TE can hand its C++ query but a validated config never holds (a rule that guards it still
+needs a refusing case).
 """
 
 from __future__ import annotations
@@ -43,11 +47,26 @@ def case_id(case: Case) -> str:
     return f"{name}[{spec}]->{code or 'ok'}"
 
 
+#: The kwargs key of the fields set after validation (see the module docstring).
+FORCE = "_force"
+
+
+def make_config(kw: dict[str, Any]) -> FusedAttnConfig:
+    """The case's config: validated from ``kw``, then the ``FORCE`` fields set as given."""
+    kw = dict(kw)
+    forced = kw.pop(FORCE, {})
+    config = FusedAttnConfig(**kw)
+    for field, value in forced.items():
+        assert hasattr(config, field), f"{field!r} is not a config field"
+        object.__setattr__(config, field, value)
+    return config
+
+
 def check(rules: dict[str, Rule], case: Case, probe_codes: Callable[..., set[str]]) -> None:
     """Run ``case``'s rule and check its verdict (see the module docstring)."""
     name, kw, spec, code = case
     rule = rules[name]
-    config, device = FusedAttnConfig(**kw), profile(spec)
+    config, device = make_config(kw), profile(spec)
     reason = rule(config, device)
     if code is None:
         assert reason is None, f"{name} refused {kw} on {spec}: {reason}"

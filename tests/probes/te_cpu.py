@@ -5,8 +5,11 @@ a stub ``transformer_engine_torch`` module, a no-op ``load_framework_extension``
 loudly when it cannot. :class:`TE` then answers "what would TE pick" for one
 :class:`~te_fl_attention.config.FusedAttnConfig` on one
 :class:`~te_fl_attention.device.DeviceProfile`, with the device's compute capability, cuDNN
-version and installed flash-attn flavours patched in, and the C++ cuDNN query
-(``tex.get_fused_attn_backend``) answered "supported" so that only TE's Python-side rules speak.
+version and installed flash-attn flavours patched in. The C++ cuDNN query
+(``tex.get_fused_attn_backend``) cannot run here: it is answered by :func:`cpp_prechecks`, an
+oracle of what TE 2.20.2's ``nvte_get_fused_attn_backend_v2`` refuses *before* it builds a cuDNN
+graph (written from TE's C++, independently of our rules), and "supported" otherwise, so that TE's
+Python-side rules and its C++ pre-graph refusals speak, never cuDNN itself.
 """
 
 from __future__ import annotations
@@ -301,8 +304,12 @@ def attention_params(te: types.SimpleNamespace, c: FusedAttnConfig) -> Any:
                                                _CacheManager(pages_per_seq))  # fmt: skip
         else:
             inference = InferenceParamsStandIn(False, None, None, None)
+    # TE passes q.shape[0] / k.shape[0] of a thd tensor, else 0 (dot_product_attention.py); the
+    # config holds TE's bucket of it (a count TE could be handed: padding included).
     thd_q = c.q_format == "thd"
     thd_kv = c.kv_format == "thd"
+    tokens_q = getattr(c, "num_tokens_q", None) or c.batch_size * c.max_seqlen_q
+    tokens_kv = getattr(c, "num_tokens_kv", None) or c.batch_size * c.max_seqlen_kv
     return te.utils.AttentionParams(
         qkv_type=qkv_type,
         qkv_dtype=qkv_dtype,
@@ -313,8 +320,8 @@ def attention_params(te: types.SimpleNamespace, c: FusedAttnConfig) -> Any:
         num_gqa_groups=c.num_gqa_groups,
         max_seqlen_q=c.max_seqlen_q,
         max_seqlen_kv=c.max_seqlen_kv,
-        num_tokens_q=c.batch_size * c.max_seqlen_q if thd_q else 0,
-        num_tokens_kv=c.batch_size * c.max_seqlen_kv if thd_kv else 0,
+        num_tokens_q=tokens_q if thd_q else 0,
+        num_tokens_kv=tokens_kv if thd_kv else 0,
         head_dim_qk=c.head_dim_qk,
         head_dim_v=c.head_dim_v,
         attn_mask_type=c.attn_mask_type,
@@ -348,11 +355,107 @@ def attention_params(te: types.SimpleNamespace, c: FusedAttnConfig) -> Any:
     )
 
 
+# ------------------------------------------------------------ TE's C++ refusals, as an oracle
+#: TE 2.20.2's C++ FP8 query accepts these q/k/v formats (nvte_get_qkv_format values).
+_FP8_FORMATS = ("bshd", "sbhd", "thd", "bhsd")
+
+
+def _member(value: Any) -> str:
+    return getattr(value, "name", str(value))
+
+
+def _cpp_formats(layout: Any) -> tuple[str, str, bool] | None:
+    """(q format, kv format, paged) of an ``NVTE_QKV_Layout`` member, read as TE's C++ reads it
+    (``nvte_get_q_format`` / ``nvte_get_kv_format``); None for ``NOT_SET``."""
+    name = _member(layout)
+    if name.endswith("NOT_SET"):
+        return None
+    text = name.removeprefix("NVTE_").lower()
+    paged = text.startswith("paged_kv_")
+    groups = text.removeprefix("paged_kv_").split("_")
+    letters = ["".join(ch for ch in g if ch.isalpha()) for g in groups]
+    return letters[0], letters[-1], paged
+
+
+def cpp_prechecks(p: Any, sm: int, cudnn: tuple[int, int, int]) -> tuple[str, str] | None:
+    """``(key, message)`` for the first refusal of TE 2.20.2's ``nvte_get_fused_attn_backend_v2``
+    (fused_attn.cpp) before it builds any cuDNN graph, for the ``FusedAttentionParams`` ``p``
+    that TE's Python hands it, or None when TE would go on to ask cuDNN. Written from TE's C++ (the
+    2.20.2 binary; /work/notes/te_cpp_fused_attn.md section 10), in TE's order, first hit wins."""
+    formats = _cpp_formats(p.qkv_layout)
+    assert formats is not None, "TE always sets qkv_layout"
+    q_fmt, kv_fmt, paged = formats
+    ragged_q, ragged_kv = q_fmt == "thd", kv_fmt == "thd"
+    mask, bias, softmax = _member(p.attn_mask_type), _member(p.bias_type), _member(p.softmax_type)
+    padding = "PADDING" in mask
+    training = bool(p.is_training)  # check_bwd is never set from Python: it defaults to true
+    if (ragged_q or ragged_kv) and not padding:
+        return "thd_mask", "THD format requires a PADDING* mask"
+    if (ragged_q and p.num_tokens_q == 0) or (ragged_kv and p.num_tokens_kv == 0):
+        return "thd_num_tokens", "THD format requires num_tokens_q / num_tokens_kv"
+    if paged and not padding:
+        return "paged_mask", "Paged KV requires a PADDING* mask"
+    if paged and 0 in (p.num_pages_k, p.num_pages_v, p.page_size_k, p.page_size_v,
+                       p.max_pages_per_seq_k, p.max_pages_per_seq_v):  # fmt: skip
+        return "paged_dims", "Paged KV requires num_pages, page_size and max_pages_per_seq"
+    if bias == "NVTE_PRE_SCALE_BIAS":
+        return "pre_scale_bias", "Fused attention does not support pre-scale bias"
+    qkv_format = q_fmt if q_fmt == kv_fmt else f"{q_fmt}_2{kv_fmt}"
+    dtype = _member(p.qkv_dtype)
+    if dtype in ("kFloat16", "kBFloat16"):
+        if ragged_q and ragged_kv and sm <= 89:
+            return "thd_sm90", "F16/BF16 fused attention with THD format requires sm90 or later"
+        if (cudnn <= (9, 15, 0) and training and qkv_format in ("bshd", "sbhd")
+                and p.max_seqlen_kv % 128 != 0 and p.cuda_graph and not padding):  # fmt: skip
+            return "cuda_graph_cudnn", "Known cuDNN <= 9.15 issue with CUDA graph"
+        ragged_stats = ragged_q and sm >= 90 and sm != 120
+        if training and ragged_stats and softmax == "NVTE_LEARNABLE_SOFTMAX" \
+                and cudnn < (9, 26, 0):  # fmt: skip
+            return "thd_learnable_bwd", "Known cuDNN < 9.26.0 issue with THD learnable softmax"
+        return None
+    if dtype not in ("kFloat8E4M3", "kFloat8E5M2"):
+        return "dtype", f"Unsupported QKV dtype qkv_dtype={dtype}"
+    if p.return_max_logit:
+        return "fp8_max_logit", "FP8 fused attention does not support return_max_logit=True"
+    grad = _cpp_formats(p.dqkv_layout)
+    grad_format = None if grad is None else (grad[0] if grad[0] == grad[1]
+                                              else f"{grad[0]}_2{grad[1]}")  # fmt: skip
+    if qkv_format not in _FP8_FORMATS:
+        return "fp8_format", f"FP8 fused attention supports BSHD/SBHD/BHSD/THD, found {qkv_format}"
+    if training and grad_format is not None and grad_format not in _FP8_FORMATS:
+        return "fp8_format", f"FP8 gradient formats BSHD/SBHD/BHSD/THD, found {grad_format}"
+    if qkv_format == "thd":
+        if cudnn < (9, 23, 0):
+            return "fp8_thd_cudnn", "FP8 with THD format requires cuDNN 9.23.0"
+        if training and sm < 100:
+            return "fp8_thd_bwd_sm", "FP8 THD format supports backward on sm100+ only"
+        if training and softmax != "NVTE_VANILLA_SOFTMAX" and cudnn < (9, 26, 0):
+            return "fp8_thd_softmax", "FP8 THD with a sink token requires cuDNN 9.26.0 (bwd)"
+        if sm >= 100 and (p.head_dim_qk > 128 or p.head_dim_v > 128):
+            return "fp8_thd_head_dim", "FP8 THD supports head dimensions up to 128 on sm100+"
+    if bias == "NVTE_POST_SCALE_BIAS":
+        return "fp8_bias", "FP8 fused attention does not support pre/post_scale_bias yet"
+    if bias == "NVTE_ALIBI":
+        return "fp8_alibi", "FP8 fused attention does not support ALiBi yet"
+    f8 = ("kFloat8E4M3", "kFloat8E5M2")
+    mode = _member(p.scaling_mode)
+    tensor, mx = mode == "NVTE_DELAYED_TENSOR_SCALING", mode == "NVTE_MXFP8_1D_SCALING"
+    o_f16, dqkv_f16 = _member(p.o_dtype) not in f8, _member(p.dqkv_dtype) not in f8
+    if not (tensor or (mx and o_f16)) or (training and not (tensor or (mx and dqkv_f16))):
+        return "fp8_recipe", "FP8 fused attention only supports delayed/current scaling or MXFP8"
+    if mx and cudnn < (9, 21, 0):
+        return "mxfp8_cudnn", "MXFP8 fused attention requires cuDNN 9.21.0"
+    return None
+
+
 # ------------------------------------------------------------------------------- the driver
 @dataclass(frozen=True)
 class TEAnswer:
     """TE's ``available_backends`` (flash, fused, unfused), its flash version and sub-backend,
-    and which backend it selected."""
+    and which backend it selected; how often its Python reached the C++ query
+    (``cpp_queries``, one per context-parallel step), the first C++ pre-graph refusal
+    (``cpp_refusal``, a :func:`cpp_prechecks` key) and FusedAttention by TE's Python side alone
+    (``fused_python``: the C++ query answering "supported")."""
 
     flash: bool
     fused: bool
@@ -361,6 +464,9 @@ class TEAnswer:
     fused_sub_backend: int | None
     selected: str | None
     log: tuple[str, ...] = ()
+    cpp_queries: int = 0
+    cpp_refusal: str | None = None
+    fused_python: bool = False
 
     @property
     def flash_flavour(self) -> str | None:
@@ -380,20 +486,32 @@ def _version_tuple(text: str | None) -> tuple[int, int, int]:
 class TE:
     """TE's real selector, driven on CPU for a catalog :class:`DeviceProfile`."""
 
-    def __init__(self, fa3_supports_softcap: bool = True) -> None:
+    def __init__(self, fa3_supports_softcap: bool = True, cpp_refusals: bool = True) -> None:
         """``fa3_supports_softcap``: what TE's signature probe of an installed FA3 finds (FA3
-        builds from flash-attention/hopper have taken ``softcap`` since 2.7)."""
+        builds from flash-attention/hopper have taken ``softcap`` since 2.7). ``cpp_refusals``:
+        the C++ query refuses what TE's C++ refuses before building a graph
+        (:func:`cpp_prechecks`); off, it answers "supported" to everything."""
         self.te = load()
         self.fa3_supports_softcap = fa3_supports_softcap
+        self.cpp_refusals = cpp_refusals
         self.validator, self.validator_source = _fa4_validator()
         self.fused_queries = 0
+        self._arch: tuple[int, tuple[int, int, int]] | None = None  # (sm, cuDNN) of device()
+        self._answers: list[str | None] = []  # this decide()'s C++ answers (refusal keys)
         te = self.te
         fp8_dtypes = {int(te.tex.DType.kFloat8E4M3), int(te.tex.DType.kFloat8E5M2)}
         backend = te.fused.FusedAttnBackend
 
         def get_fused_attn_backend(params: Any) -> tuple[int, str]:
-            """cuDNN accepts: FP8 sub-backend for FP8 q/k/v, else F16_arbitrary_seqlen."""
+            """TE's C++ pre-graph refusals, else cuDNN accepts: the FP8 sub-backend for FP8
+            q/k/v, F16_arbitrary_seqlen otherwise."""
             self.fused_queries += 1
+            refused = None
+            if self.cpp_refusals and self._arch is not None:
+                refused = cpp_prechecks(params, *self._arch)
+            self._answers.append(refused[0] if refused else None)
+            if refused:
+                return backend.No_Backend, refused[1]
             fp8 = int(params.qkv_dtype) in fp8_dtypes
             return (backend.FP8 if fp8 else backend.F16_arbitrary_seqlen), ""
 
@@ -415,6 +533,7 @@ class TE:
         cudnn = _version_tuple(d.cudnn)
         u.get_device_compute_capability = lambda: cc
         u.get_cudnn_version = lambda: cudnn
+        saved_arch, self._arch = self._arch, (d.sm, cudnn)
         try:
             # backends.py: flash-attn 2 counts as installed inside [2.1.1 (2.7.3 on sm100+), 2.8.4)
             fa.is_installed = False
@@ -448,6 +567,7 @@ class TE:
             for n, v in saved_attrs.items():
                 setattr(fa, n, v)
             u.get_device_compute_capability, u.get_cudnn_version = saved_funcs
+            self._arch = saved_arch
 
     @contextlib.contextmanager
     def _captured_log(self, level: int) -> Iterator[list[str]]:
@@ -476,6 +596,7 @@ class TE:
         """Run TE's ``get_attention_backend`` for ``c`` on ``d`` (with TE's debug log unless
         ``log`` is false: the log costs about half the time of a call)."""
         level = logging.DEBUG if log else logging.CRITICAL
+        answers = self._answers = []
         with self.device(d), self._captured_log(level) as lines, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             params = attention_params(self.te, c)
@@ -484,6 +605,14 @@ class TE:
             )
         selected = ("flash" if use_flash else "fused" if use_fused else
                     "unfused" if use_unfused else None)  # fmt: skip
+        refusal = next((a for a in answers if a is not None), None)
+        fused_python = bool(avail[1])
+        if refusal is not None:  # what TE's Python side alone says: ask again, C++ accepting
+            saved, self.cpp_refusals = self.cpp_refusals, False
+            try:
+                fused_python = self.decide(c, d, log=False).fused
+            finally:
+                self.cpp_refusals = saved
         return TEAnswer(
             flash=bool(avail[0]),
             fused=bool(avail[1]),
@@ -492,6 +621,9 @@ class TE:
             fused_sub_backend=int(fused_be) if fused_be is not None else None,
             selected=selected,
             log=tuple(line for line in lines if not line.startswith("Running with config")),
+            cpp_queries=len(answers),
+            cpp_refusal=refusal,
+            fused_python=fused_python,
         )
 
 

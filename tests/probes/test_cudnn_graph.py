@@ -109,16 +109,15 @@ def test_turing_refused(worker):
     )
 
 
-def test_fp32_forward_only(worker):
-    # cuDNN has an fp32 forward engine but no fp32 backward (TE's Python rules refuse fp32 anyway).
-    assert_refused(
-        probe(worker, dtype="fp32"),
-        "create_execution_plans",
-        "bwd",
-        "Data type for Q tensor should be half / bf16 / e4m3 / e5m2",
-    )
-    r = probe(worker, dtype="fp32", is_training=False)
-    assert_supported(r, graphs=("fwd",))
+def test_fp32_refused_by_te_before_any_graph(worker):
+    # cuDNN has an fp32 forward engine, but TE 2.20.2's nvte_get_fused_attn_backend_v2 refuses
+    # any qkv dtype other than FP16/BF16/FP8 before building a graph (its Python rules refuse
+    # fp32 anyway), so the probe asks cuDNN nothing.
+    for training in (True, False):
+        r = probe(worker, dtype="fp32", is_training=training)
+        assert (r["supported"], r["decided"], r["code"], r["step"]) == (
+            False, True, "cudnn.te_refused", "derive")  # fmt: skip
+        assert "Unsupported QKV dtype" in r["message"] and r["plans"] == {}
 
 
 def test_head_dim_limits_by_arch(worker):
@@ -193,10 +192,25 @@ def test_inference_builds_forward_only(worker):
     assert_supported(r, graphs=("fwd",))
 
 
-def test_thd_without_padding_mask_notes_it(worker):
+def test_thd_without_padding_mask_refused_by_te(worker):
+    # TE 2.20.2 refuses THD without a padding mask before building a graph (it used to be
+    # implied here, with a note).
     r = probe(worker, qkv_layout="thd_thd_thd")
+    assert (r["supported"], r["decided"], r["code"], r["step"]) == (
+        False, True, "cudnn.te_refused", "derive")  # fmt: skip
+    assert "fused_cpp.thd_mask: thd needs a padding mask type" in r["message"]
+
+
+def test_alibi_slopes_built_as_te_post_scale_bias(worker):
+    # TE's Python turns ALiBi with custom slopes into a post-scale bias [1, h, s_q, s_kv]
+    # (with dBias in the backward); this used to be refused undecided.
+    r = worker.probe(FusedAttnConfig(**{**B, "bias_type": "alibi", "alibi_slopes_shape": (16,)}
+                                     ).to_dict(), "h100", spec=True)  # fmt: skip
     assert_supported(r)
-    assert any("padding mask implied" in n for n in r["notes"])
+    fwd, bwd = r["graph_spec"]["fwd"], r["graph_spec"]["bwd"]
+    bias = {t["name"]: t for t in fwd["tensors"]}["bias"]
+    assert bias["dim"] == [1, 16, 512, 512] and not fwd["nodes"][0]["alibi_mask"]
+    assert "dBias" in bwd["nodes"][0]["outputs"]
 
 
 def test_fp8(worker):
@@ -211,15 +225,16 @@ def test_fp8(worker):
     )
 
 
+def test_pre_scale_bias_refused_by_te(worker):
+    r = probe(worker, bias_type="pre_scale_bias")
+    assert (r["supported"], r["decided"], r["code"]) == (False, True, "cudnn.te_refused")
+    assert "fused_cpp.pre_scale_bias: pre_scale_bias is not supported" in r["message"]
+
+
 @pytest.mark.parametrize(
     "fields",
-    [
-        dict(bias_type="pre_scale_bias"),
-        dict(softcap=30.0),
-        dict(bias_type="alibi", alibi_slopes_shape=(16,)),
-        dict(cp_size=2),
-    ],
-    ids=["pre_scale_bias", "softcap", "alibi_slopes", "context_parallel"],
+    [dict(softcap=30.0), dict(cp_size=2), dict(attn_mask_type="arbitrary")],
+    ids=["softcap", "context_parallel", "arbitrary_mask"],
 )
 def test_unsupported_by_probe_is_undecided(worker, fields):
     r = probe(worker, **fields)

@@ -53,8 +53,6 @@ def test_backward_graph_refusal_on_ampere_d256():
     [
         ("h100", dict(attn_mask_type="causal", window_size=(128, 0), max_seqlen_q=256,
                       max_seqlen_kv=512), "cudnn_table.window_top_left_cross"),
-        ("b200", dict(dropout=0.1, bias_type="post_scale_bias", max_seqlen_q=256),
-         "cudnn_table.blackwell_dropout_bias"),
     ],
 )  # fmt: skip
 def test_rule_drift_recorded_and_cudnn_wins(device, kw, rule_code):
@@ -64,6 +62,17 @@ def test_rule_drift_recorded_and_cudnn_wins(device, kw, rule_code):
                                       "rule_codes": [rule_code]}  # fmt: skip
     d = Selector(default_probes()).decide(FusedAttnConfig(**kw), device, Policy())
     assert d.detail["rule_drift"]["fused"]["cudnn"] == "accepted"
+
+
+def test_blackwell_dropout_with_bias_refused_by_tes_graph():
+    # TE 2.20.2's backward graph carries dBias for this [1, h, s, s] bias (requires_grad or
+    # not), which cuDNN refuses with dropout on sm100. (Before the probe built TE's graph it had
+    # no dBias here, cuDNN accepted it and this was recorded as rule drift.)
+    r = probe("b200", dropout=0.1, bias_type="post_scale_bias", max_seqlen_q=256)
+    assert not r.supported and r.stage == "graph_build"
+    assert r.reasons[0].code == "cudnn.not_supported"
+    assert r.reasons[0].observed == "bwd.create_execution_plans"
+    assert "With dropout, this engine only supports fprop inference" in r.reasons[0].message
 
 
 def test_python_side_rules_stay_binding():

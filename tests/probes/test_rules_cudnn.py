@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from rule_cases import SHARED_NAMES, assert_covered, by_name, case_id, check, result_codes
+from rule_cases import FORCE, SHARED_NAMES, assert_covered, by_name, case_id, check, result_codes
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
 from te_fl_attention.probes import cudnn
 
-RULES = by_name((*cudnn.PYTHON_RULES, *cudnn.TABLE_RULES, cudnn.determinism))
+RULES = by_name((*cudnn.PYTHON_RULES, *cudnn.CPP_RULES, *cudnn.TABLE_RULES, cudnn.determinism))
 PROBE = cudnn.CudnnProbe()
 
 THD = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding")
+THD_BR = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal_bottom_right")
+BHSS_1024 = dict(bias_shape="bhss", batch_size=2, max_seqlen_q=1024, max_seqlen_kv=1024,
+                 num_tokens_q=1024, num_tokens_kv=1024)
 KV = dict(kv_cache=True, attn_mask_type="padding")
 PAGED = dict(qkv_layout="paged_kv_bshd_bshd_bshd", page_size=256, attn_mask_type="padding")
 CP = dict(context_parallel=True, cp_size=2)
@@ -128,12 +131,7 @@ TABLE_CASES = [
      "cudnn_table.hopper_mla_bwd"),
     ("table_head_dim", {**FP8, "head_dim_qk": 128}, "h100", None),
     ("table_head_dim", {**FP8, "head_dim_qk": 64}, "h100", "cudnn_table.fp8_head_dim"),
-    ("table_head_dim", {**FP8, **BIAS, "head_dim_qk": 128}, "h100", "cudnn_table.fp8_bias"),
-    ("table_head_dim", {**FP8, "head_dim_qk": 128, "return_max_logit": True}, "h100",
-     "cudnn_table.fp8_max_logit"),
-    ("table_head_dim", {**FP8, **THD, "head_dim_qk": 128}, "h100", "cudnn_table.fp8_format"),
     ("table_bias", BIAS, "h100", None),
-    ("table_bias", {"bias_type": "pre_scale_bias"}, "h100", "cudnn_table.pre_scale_bias"),
     ("table_bias", {"bias_type": "alibi", "attn_mask_type": "causal"}, "h100", None),
     ("table_bias", {"bias_type": "alibi", "attn_mask_type": "causal"}, "a100",
      "cudnn_table.alibi"),
@@ -141,18 +139,26 @@ TABLE_CASES = [
      "cudnn_table.alibi"),
     ("table_bias", {**BIAS, "attn_mask_type": "padding"}, "h100", "cudnn_table.bias_padding"),
     ("table_mask_layout", THD, "h100", None),
-    ("table_mask_layout", {"qkv_layout": "thd_thd_thd"}, "h100", "cudnn_table.thd_mask"),
-    ("table_mask_layout", THD, "a100", "cudnn_table.thd_sm"),
     ("table_mask_layout", {**THD, "num_gqa_groups": 4}, "h100:cudnn=9.5.0",
      "cudnn_table.thd_gqa"),
     ("table_mask_layout", {"qkv_layout": "sbhd_bshd_bshd"}, "h100:cudnn=9.6.0",
      "cudnn_table.mixed_format"),
     ("table_mask_layout", {"attn_mask_type": "causal_bottom_right", "max_seqlen_kv": 64}, "h100",
      "cudnn_table.bottom_right_sq"),
-    ("table_mask_layout", {"attn_mask_type": "causal_bottom_right", "dropout": 0.1},
-     "h100:cudnn=9.6.0", "cudnn_table.mask_bias_dropout"),
+    ("table_mask_layout", {**PAGED, "dropout": 0.1}, "h100:cudnn=9.6.0",
+     "cudnn_table.mask_bias_dropout"),
+    ("table_mask_layout", {**PAGED, "dropout": 0.1}, "h100", None),
+    # A bottom-right causal mask with bias, ALiBi or training dropout: cuDNN refuses it.
     ("table_mask_layout", {"attn_mask_type": "causal_bottom_right", "dropout": 0.1}, "h100",
-     None),
+     "cudnn_table.bottom_right_bias_dropout"),
+    ("table_mask_layout", {"attn_mask_type": "causal_bottom_right", "dropout": 0.1,
+                           "is_training": False}, "h100", None),
+    ("table_mask_layout", {"attn_mask_type": "padding_causal_bottom_right", **BIAS}, "b200",
+     "cudnn_table.bottom_right_bias_dropout"),
+    ("table_mask_layout", {"attn_mask_type": "causal_bottom_right", "bias_type": "alibi",
+                           "alibi_slopes_shape": (16,)}, "a100",
+     "cudnn_table.bottom_right_bias_dropout"),
+    ("table_mask_layout", {"attn_mask_type": "causal", "dropout": 0.1, **BIAS}, "h100", None),
     ("table_mask_layout", OBO, "h100:cudnn=9.13.0", "cudnn_table.softmax_cudnn"),
     ("table_mask_layout", {"return_max_logit": True}, "h100:cudnn=9.20.0",
      "cudnn_table.max_logit_cudnn"),
@@ -170,14 +176,56 @@ TABLE_CASES = [
     ("table_blackwell_training", {**BIAS, "dropout": 0.1}, "b200",
      "cudnn_table.blackwell_dropout_bias"),
     ("table_blackwell_training", {**BIAS, "dropout": 0.1, "is_training": False}, "b200", None),
-    ("table_vetoes", {}, "h100", None),
-    ("table_vetoes", {"window_size": (128, 128), "max_seqlen_q": 2048, "max_seqlen_kv": 2048},
-     "h100:cudnn=9.14.0", "cudnn_table.veto_9_14"),
-    ("table_vetoes", {"window_size": (128, 128), "max_seqlen_q": 2048, "max_seqlen_kv": 2048},
-     "h100:cudnn=9.15.0", None),
-    ("table_vetoes", {"max_seqlen_kv": 100, "cuda_graph": True}, "h100:cudnn=9.15.0",
-     "cudnn_table.veto_cuda_graph"),
-    ("table_vetoes", {"max_seqlen_kv": 100, "cuda_graph": True}, "h100:cudnn=9.15.1", None),
+    # FP8 thd and mixed formats are TE's C++ rules now (cpp_fp8); bhsd below 9.21 stays.
+    ("table_head_dim", {**FP8, **THD, "head_dim_qk": 128, "is_training": False}, "b200", None),
+    ("table_head_dim", {**FP8, "qkv_layout": "bhsd_bhsd_bhsd", "head_dim_qk": 128}, "b200", None),
+    ("table_head_dim", {**FP8, "qkv_layout": "bhsd_bhsd_bhsd", "head_dim_qk": 128},
+     "b200:cudnn=9.20.0", "cudnn_table.fp8_format"),
+    # thd bias on the ragged graph: [1, h, 128, 128] vs the bucketed [b, h, 1024, 1024].
+    ("table_bias", {**THD, **BIAS, "batch_size": 2}, "h100", "cudnn_table.thd_bias_ragged"),
+    ("table_bias", {**THD, **BIAS, "batch_size": 2}, "b200", "cudnn_table.thd_bias_ragged"),
+    ("table_bias", {**THD, "bias_type": "alibi", "alibi_slopes_shape": (16,), "batch_size": 2},
+     "h100", "cudnn_table.thd_bias_ragged"),
+    ("table_bias", {**THD_BR, **BIAS, "batch_size": 2}, "rtx5090", None),  # no ragged graph
+    # s_q = the token bucket and a batch-1 bias: it broadcasts, forward and backward.
+    ("table_bias", {**THD_BR, **BIAS, "max_seqlen_q": 1024, "max_seqlen_kv": 1024}, "h100",
+     None),
+    ("table_bias", {**THD, **BIAS, "max_seqlen_q": 1024, "max_seqlen_kv": 1024,
+                    "num_tokens_q": 3000}, "h100", "cudnn_table.thd_bias_ragged"),
+    # A [2, h, 1024, 1024] bias with 1024 tokens: the forward (real batch with cu_seqlens)
+    # broadcasts; the backward's batch is bucketed to 32, and so is the forward's without
+    # cu_seqlens (cuDNN < 9.24).
+    ("table_bias", {**THD_BR, **BIAS, **BHSS_1024}, "h100", "cudnn_table.thd_bias_ragged"),
+    ("table_bias", {**THD_BR, **BIAS, **BHSS_1024, "is_training": False}, "h100", None),
+    ("table_bias", {**THD_BR, **BIAS, **BHSS_1024, "is_training": False}, "h100:cudnn=9.23.0",
+     "cudnn_table.thd_bias_ragged"),
+    ("table_short_sequences", {"max_seqlen_q": 1, "max_seqlen_kv": 2048, **OBO,
+                               "is_training": False}, "h100", "cudnn_table.decode_sink"),
+    ("table_short_sequences", {"max_seqlen_q": 2, "max_seqlen_kv": 2048, **OBO,
+                               "is_training": False}, "h100", None),
+    ("table_short_sequences", {**THD, "max_seqlen_q": 1, **OBO, "is_training": False}, "h100",
+     None),  # the ragged graph's s_q is the token bucket
+    ("table_short_sequences", {**THD, "max_seqlen_q": 1, **OBO, "is_training": False},
+     "rtx5090", "cudnn_table.decode_sink"),  # no ragged graph on sm120
+    ("table_short_sequences", {"max_seqlen_q": 1, "max_seqlen_kv": 1}, "b200",
+     "cudnn_table.bwd_s1"),
+    ("table_short_sequences", {"max_seqlen_q": 1, "max_seqlen_kv": 1, "is_training": False},
+     "b200", None),
+    ("table_head_dim", {**FP8, "head_dim_qk": 128, "dropout": 0.1}, "b200",
+     "cudnn_table.fp8_blackwell_dropout"),
+    ("table_head_dim", {**FP8, "head_dim_qk": 128, "dropout": 0.1}, "h100", None),
+    ("table_head_dim", {**FP8, "head_dim_qk": 128, "dropout": 0.1, "is_training": False}, "b200",
+     None),
+    # dBias unless [1, 1, 1, s_kv], requires_grad or not.
+    ("table_blackwell_training", {**DET, **BIAS}, "b200", "cudnn_table.blackwell_det"),
+    ("table_blackwell_training", {**DET, **BIAS, "bias_shape": "111s", "batch_size": 2,
+                                  "max_seqlen_q": 256}, "b200", None),
+    ("table_blackwell_training", {**DET, "bias_type": "alibi", "attn_mask_type": "causal"},
+     "b200", "cudnn_table.blackwell_det"),
+    ("table_blackwell_training", {**BIAS, "dropout": 0.1, "bias_shape": "111s", "batch_size": 2,
+                                  "max_seqlen_q": 256}, "b200", None),
+    ("table_blackwell_training", {"bias_type": "alibi", "attn_mask_type": "causal",
+                                  "dropout": 0.1}, "b200", None),
     ("determinism", DET, "h100", None),
     ("determinism", {**DET, "is_training": False}, "a100", None),
     ("determinism", {**DET, **OBO}, "h100", "fused.det_softmax"),
@@ -192,7 +240,85 @@ TABLE_CASES = [
                      "max_seqlen_kv": 4096}, "b200", None),
 ]  # fmt: skip
 
-CASES = PYTHON_CASES + TABLE_CASES
+CPP_CASES = [
+    ("cpp_ragged_inputs", THD, "h100", None),
+    ("cpp_ragged_inputs", {}, "h100", None),
+    ("cpp_ragged_inputs", {"qkv_layout": "thd_thd_thd"}, "h100", "fused_cpp.thd_mask"),
+    ("cpp_ragged_inputs", {"qkv_layout": "thd_bshd_bshd", "attn_mask_type": "causal"}, "a100",
+     "fused_cpp.thd_mask"),
+    ("cpp_ragged_inputs", {**THD, "num_tokens_q": 1}, "h100", None),
+    ("cpp_ragged_inputs", {**THD, "num_tokens_q": 0}, "h100", "fused_cpp.thd_num_tokens"),
+    ("cpp_ragged_inputs", {"qkv_layout": "thd_bshd_bshd", "attn_mask_type": "padding",
+                           FORCE: {"num_tokens_kv": 0}}, "h100", None),  # kv is not ragged
+    ("cpp_paged_kv", PAGED, "h100", None),
+    ("cpp_paged_kv", {**PAGED, FORCE: {"attn_mask_type": "causal"}}, "h100",
+     "fused_cpp.paged_mask"),
+    ("cpp_paged_kv", {**PAGED, FORCE: {"page_size": 0}}, "h100", "fused_cpp.paged_dims"),
+    ("cpp_pre_scale_bias", BIAS, "h100", None),
+    ("cpp_pre_scale_bias", {"bias_type": "pre_scale_bias"}, "h100", "fused_cpp.pre_scale_bias"),
+    ("cpp_pre_scale_bias", {**FP8, "bias_type": "pre_scale_bias", "head_dim_qk": 128}, "h100",
+     "fused_cpp.pre_scale_bias"),
+    ("cpp_f16", THD, "h100", None),
+    ("cpp_f16", THD, "a100", "fused_cpp.thd_sm90"),
+    ("cpp_f16", {**THD, "qkv_layout": "t3hd"}, "l40s", "fused_cpp.thd_sm90"),
+    ("cpp_f16", {**THD, "qkv_layout": "thd_bshd_bshd"}, "a100", None),  # one ragged side
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True}, "h100:cudnn=9.15.0",
+     "fused_cpp.cuda_graph_cudnn"),
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True, "qkv_layout": "sbhd_sbhd_sbhd"},
+     "h100:cudnn=9.12.0", "fused_cpp.cuda_graph_cudnn"),
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True}, "h100:cudnn=9.15.1", None),
+    # Context parallelism: TE asks for each step's s_kv (all_gather: 256 / 4 = 64; p2p causal:
+    # 256 / 2 = 128 and its half, 64; a2a: 256).
+    ("cpp_f16", {"max_seqlen_q": 256, "max_seqlen_kv": 256, "cuda_graph": True, **CP,
+                 "cp_comm_type": "all_gather"}, "h100:cudnn=9.14.0", "fused_cpp.cuda_graph_cudnn"),
+    ("cpp_f16", {"max_seqlen_q": 256, "max_seqlen_kv": 256, "cuda_graph": True, **CP,
+                 "attn_mask_type": "causal"}, "h100:cudnn=9.14.0", "fused_cpp.cuda_graph_cudnn"),
+    ("cpp_f16", {"max_seqlen_q": 256, "max_seqlen_kv": 256, "cuda_graph": True, **CP},
+     "h100:cudnn=9.14.0", None),
+    ("cpp_f16", {"max_seqlen_q": 256, "max_seqlen_kv": 256, "cuda_graph": True, **CP,
+                 "cp_comm_type": "a2a"}, "h100:cudnn=9.14.0", None),
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True, "is_training": False},
+     "h100:cudnn=9.15.0", None),
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True, "attn_mask_type": "padding"},
+     "h100:cudnn=9.15.0", None),
+    # C++'s qkv_format of sbhd_bshd_bshd is sbhd_2bshd, not sbhd: not refused.
+    ("cpp_f16", {"max_seqlen_kv": 100, "cuda_graph": True, "qkv_layout": "sbhd_bshd_bshd"},
+     "h100:cudnn=9.15.0", None),
+    ("cpp_f16", {**THD, "softmax_type": "learnable"}, "h100:cudnn=9.25.0",
+     "fused_cpp.thd_learnable_bwd"),
+    ("cpp_f16", {**THD, "qkv_layout": "thd_bshd_bshd", "softmax_type": "learnable"},
+     "b200:cudnn=9.25.0", "fused_cpp.thd_learnable_bwd"),
+    ("cpp_f16", {**THD, "softmax_type": "learnable"}, "h100", None),
+    ("cpp_f16", {**THD, "softmax_type": "learnable", "is_training": False}, "h100:cudnn=9.25.0",
+     None),
+    ("cpp_f16", {**THD, "softmax_type": "off-by-one"}, "h100:cudnn=9.25.0", None),
+    ("cpp_f16", {**THD, "softmax_type": "learnable"}, "rtx5090:cudnn=9.25.0", None),  # no ragged
+    ("cpp_fp8", {**FP8, "head_dim_qk": 128}, "h100", None),
+    ("cpp_fp8", {**FP8, "head_dim_qk": 128, "return_max_logit": True}, "h100", None),  # Python's
+    ("cpp_fp8", {**FP8, "head_dim_qk": 128, "qkv_layout": "sbhd_bshd_bshd"}, "h100",
+     "fused_cpp.fp8_format"),
+    # MXFP8 hands cuDNN bhsd for a mixed layout; only the gradient keeps the caller's format.
+    ("cpp_fp8", {**MX, "head_dim_qk": 128, "qkv_layout": "sbhd_bshd_bshd"}, "b200",
+     "fused_cpp.fp8_format"),
+    ("cpp_fp8", {**MX, "head_dim_qk": 128, "qkv_layout": "sbhd_bshd_bshd", "is_training": False},
+     "b200", None),
+    ("cpp_fp8", {**FP8, **THD, "head_dim_qk": 128}, "b200", None),
+    ("cpp_fp8", {**FP8, **THD, "head_dim_qk": 128}, "b200:cudnn=9.22.0",
+     "fused_cpp.fp8_thd_cudnn"),
+    ("cpp_fp8", {**FP8, **THD, "head_dim_qk": 128}, "h100", "fused_cpp.fp8_thd_bwd_sm"),
+    ("cpp_fp8", {**FP8, **THD, "head_dim_qk": 128, "is_training": False}, "h100", None),
+    ("cpp_fp8", {**FP8, **THD, **OBO, "head_dim_qk": 128}, "b200:cudnn=9.25.0",
+     "fused_cpp.fp8_thd_softmax"),
+    ("cpp_fp8", {**FP8, **THD, **OBO, "head_dim_qk": 128}, "b200", None),
+    ("cpp_fp8", {**FP8, **THD, "head_dim_qk": 192, "head_dim_v": 128}, "b200",
+     "fused_cpp.fp8_thd_head_dim"),
+    ("cpp_fp8", {**FP8, "head_dim_qk": 192, "head_dim_v": 128}, "b200", None),  # bshd: cuDNN's
+    ("cpp_fp8", {**FP8, **BIAS, "head_dim_qk": 128}, "h100", "fused_cpp.fp8_bias"),
+    ("cpp_fp8", {**FP8, "bias_type": "alibi", "attn_mask_type": "causal", "head_dim_qk": 128},
+     "h100", "fused_cpp.fp8_bias"),
+]  # fmt: skip
+
+CASES = PYTHON_CASES + CPP_CASES + TABLE_CASES
 
 
 def _probe_codes(config, device):
@@ -208,11 +334,30 @@ def test_every_fused_rule_has_cases():
     assert_covered(RULES, CASES, skip=SHARED_NAMES)
 
 
-def test_table_rules_wait_for_a_known_device():
-    """Table rules say nothing without a GPU or a cuDNN version (reported once, earlier)."""
-    c = FusedAttnConfig(head_dim_qk=36)
-    for spec in ("h100:sm=none", "h100:cudnn=none"):
-        assert [r(c, profile(spec)) for r in cudnn.TABLE_RULES] == [None] * len(cudnn.TABLE_RULES)
+def test_table_and_cpp_rules_wait_for_a_known_device():
+    """Table and C++ rules say nothing without a GPU or a cuDNN version (reported once,
+    earlier: TE reaches its C++ query only on a GPU)."""
+    for c in (FusedAttnConfig(head_dim_qk=36), FusedAttnConfig(bias_type="pre_scale_bias")):
+        for spec in ("h100:sm=none", "h100:cudnn=none"):
+            rules = (*cudnn.TABLE_RULES, *cudnn.CPP_RULES)
+            assert [r(c, profile(spec)) for r in rules] == [None] * len(rules)
+
+
+def test_cpp_rules_cite_tes_cpp_and_bind():
+    """Each C++ rule names TE 2.20.2's file and function; like the Python filters it binds: the
+    probe never asks cuDNN past it (TE's C++ refuses before building a graph)."""
+    for rule in cudnn.CPP_RULES:
+        doc = rule.__doc__ or ""
+        assert "TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2" in doc, rule.__name__
+    assert set(cudnn.CPP_RULES) <= set(cudnn.BINDING_RULES)
+    assert not set(cudnn.CPP_RULES) & set(cudnn.TABLE_RULES)
+    asked = []
+    probe = cudnn.CudnnProbe(graph=True)
+    probe._ask_cudnn = lambda c, d: asked.append(c) or (None, None)  # type: ignore[method-assign]
+    r = probe.probe(FusedAttnConfig(qkv_layout="thd_thd_thd", attn_mask_type="padding"),
+                    profile("a100"))
+    assert not r.supported and r.reasons[0].code == "fused_cpp.thd_sm90" and asked == []
+    assert not r.detail["predicted"]  # a binding refusal, not a prediction
 
 
 def test_sub_backend_follows_fp8_attention():

@@ -1,16 +1,21 @@
 """Differential test: our rules against TransformerEngine 2.20.2's real ``get_attention_backend``.
 
 TE runs on CPU (see ``te_cpu.py``) with the device's compute capability, cuDNN version and
-flash-attn installs patched in, and its C++ cuDNN query answering "supported". For a seeded set
-of configs on catalog devices we compare TE's ``available_backends`` with our
+flash-attn installs patched in. Its C++ cuDNN query cannot run here: it answers what TE 2.20.2's
+C++ refuses before building a graph (``te_cpu.cpp_prechecks``, an oracle written from TE's C++,
+independent of our rules) and "supported" otherwise. For a seeded set of configs on catalog
+devices we compare TE's ``available_backends`` with our
 ``RULES_ONLY().decide(config, device, Policy())``:
 
 * ``flash`` / ``flash_variant``: FlashAttention available, and which flavour (FA4 > FA3 > FA2);
 * ``unfused``;
 * ``fused_python``: FusedAttention against our Python-side rules (PYTHON_RULES + determinism),
-  for every config (TE's cuDNN query is stubbed, so TE reports exactly its Python-side filters);
-* ``fused`` / ``fused_sub_backend``: our full FusedAttention verdict, where our cuDNN-table
-  prediction (TABLE_RULES) also accepts;
+  for every config (TE asked again with its C++ query answering "supported", so TE reports
+  exactly its Python-side filters);
+* ``fused_cpp``: where TE's Python side reached the C++ query, the C++ pre-graph refusal (the
+  oracle's first, by its code) against our CPP_RULES;
+* ``fused`` / ``fused_sub_backend``: our full FusedAttention verdict, where our prediction of
+  cuDNN's verdict (TABLE_RULES) also accepts;
 * ``selected``: the backend TE would run vs the one we choose among TE's three candidates.
 
 Every disagreement fails the test unless it is listed in ``EXPECTED_DIFFERENCES`` with a reason.
@@ -161,8 +166,23 @@ REGRESSIONS = [
     FusedAttnConfig(fp8=True, head_dim_qk=128, deterministic=True),
 ]  # fmt: skip
 
+#: Configs that reach TE's rarer C++ pre-graph refusals on some of DEVICES (the seeded ones
+#: rarely combine FP8 with thd, or CUDA graphs with s_kv % 128 != 0 on cuDNN <= 9.15).
+CPP_REACHERS = [
+    FusedAttnConfig(max_seqlen_kv=100, cuda_graph=True),  # cuDNN 9.14.0 / 9.6.0 devices
+    *(FusedAttnConfig(max_seqlen_q=256, max_seqlen_kv=256, cuda_graph=True, cp_size=2,
+                      cp_comm_type=comm, attn_mask_type="causal")  # per-step s_kv of 64
+      for comm in ("all_gather", "p2p", "a2a")),
+    FusedAttnConfig(fp8=True, head_dim_qk=128, qkv_layout="thd_thd_thd",
+                    attn_mask_type="padding", softmax_type="off-by-one"),  # b200:cudnn=9.23.1
+    FusedAttnConfig(fp8=True, head_dim_qk=192, head_dim_v=128, qkv_layout="thd_thd_thd",
+                    attn_mask_type="padding", is_training=False),
+    FusedAttnConfig(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal",
+                    softmax_type="learnable"),  # cuDNN < 9.26 on sm90+
+]  # fmt: skip
+
 #: Mostly-plain configs, then configs with many features at once.
-CONFIGS = (REGRESSIONS + generate(260, seed=2026, weight=1.0)
+CONFIGS = (REGRESSIONS + CPP_REACHERS + generate(260, seed=2026, weight=1.0)
            + generate(140, seed=7, weight=1.8))  # fmt: skip
 
 
@@ -224,8 +244,14 @@ def compare(te: te_cpu.TE, selector: Selector, c: FusedAttnConfig, spec: str, d:
     checks: list[tuple[str, Any, Any, Any]] = [
         ("flash", a.flash, fl.supported, fl),
         ("unfused", a.unfused, un.supported, un),
-        ("fused_python", a.fused, not python_side, python_side),
+        ("fused_python", a.fused_python, not python_side, python_side),
     ]
+    if a.cpp_queries:
+        cpp = evaluate(cudnn.CPP_RULES, c, d)
+        theirs = cpp_code(a.cpp_refusal)
+        codes = [r.code for r in cpp]
+        checks.append(("fused_cpp", theirs, theirs if theirs in codes else
+                       (codes[0] if codes else None), cpp))  # fmt: skip
     if a.flash and fl.supported:
         checks.append(("flash_variant", a.flash_flavour, fl.detail.get("variant"), fl))
     if table_ok:
@@ -237,6 +263,16 @@ def compare(te: te_cpu.TE, selector: Selector, c: FusedAttnConfig, spec: str, d:
     out = [Mismatch(field, spec, c, theirs, ours, a.log, _codes(where))
            for field, theirs, ours, where in checks if theirs != ours]  # fmt: skip
     return out, collections.Counter(f for f, *_ in checks), a, dec
+
+
+#: The oracle's keys whose refusal our CPP_RULES state under another code; keys of refusals that
+#: cannot happen after TE's Python filters (fp8_recipe, mxfp8_cudnn, dtype) map to nothing ours.
+_CPP_CODES = {"fp8_alibi": "fused_cpp.fp8_bias"}
+
+
+def cpp_code(key: str | None) -> str | None:
+    """Our code for a ``te_cpu.cpp_prechecks`` key."""
+    return None if key is None else _CPP_CODES.get(key, f"fused_cpp.{key}")
 
 
 def _codes(where: Any) -> tuple[str, ...]:
@@ -256,6 +292,7 @@ class Summary:
     expected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     unexpected: dict[str, list[Mismatch]] = dataclasses.field(default_factory=dict)
     te_filters: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    cpp_refusals: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     pairs: int = 0
 
     def report(self) -> str:
@@ -265,6 +302,8 @@ class Summary:
             lines.append(f"  {field:18s} compared {n:5d}  agree {n - bad:5d}  "
                          f"({100 * (n - bad) / n:.2f}%)  expected diffs {self.expected[field]}")
         lines.append(f"  distinct TE filters exercised: {len(self.te_filters)}")
+        lines.append("  TE C++ pre-graph refusals: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(self.cpp_refusals.items())))  # fmt: skip
         return "\n".join(lines)
 
 
@@ -285,6 +324,8 @@ def parity(te_selector: te_cpu.TE) -> Summary:
             s.pairs += 1
             s.compared.update(counts)
             s.te_filters.update(_filter_name(x) for x in answer.log if "isabling" in x)
+            if answer.cpp_refusal is not None:
+                s.cpp_refusals[answer.cpp_refusal] += 1
             for m in mismatches:
                 s.disagreed[m.field] += 1
                 if any(e.matches(m, decision) for e in EXPECTED_DIFFERENCES):
@@ -311,6 +352,14 @@ def test_parity_covers_enough(parity: Summary) -> None:
     assert len(parity.te_filters) >= 60, sorted(parity.te_filters)
     # TE's verdicts are not one-sided: every backend is both accepted and refused somewhere.
     assert parity.compared["flash"] > parity.compared["flash_variant"] > 0
+    # Every C++ pre-graph refusal a config can reach after TE's Python filters is exercised (a
+    # validated config holds no zero token count or page dimension, nor paged KV without a
+    # padding mask; FP8 max_logit, MXFP8 below cuDNN 9.21 and fp32 are TE Python filters).
+    reachable = {"thd_mask", "pre_scale_bias", "thd_sm90", "cuda_graph_cudnn",
+                 "thd_learnable_bwd", "fp8_format", "fp8_thd_cudnn", "fp8_thd_bwd_sm",
+                 "fp8_thd_softmax", "fp8_thd_head_dim", "fp8_bias", "fp8_alibi"}
+    assert reachable <= set(parity.cpp_refusals), sorted(reachable - set(parity.cpp_refusals))
+    assert parity.compared["fused_cpp"] >= 1500, parity.report()
 
 
 def test_comparison_catches_a_wrong_rule(te_selector: te_cpu.TE, monkeypatch) -> None:
@@ -321,6 +370,45 @@ def test_comparison_catches_a_wrong_rule(te_selector: te_cpu.TE, monkeypatch) ->
     monkeypatch.setitem(flash_attn.FLAVOUR_RULES, "fa2", fa2)
     fields = {m.field for m in compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0]}
     assert {"flash", "selected"} <= fields
+
+
+def test_comparison_catches_a_missing_cpp_rule(te_selector: te_cpu.TE, monkeypatch) -> None:
+    """Drop our C++ F16 rule: TE's C++ refuses thd q and k/v on sm80 (before cuDNN), we would
+    not; the comparison must flag it in ``fused_cpp`` and ``fused``."""
+    c, spec = FusedAttnConfig(qkv_layout="thd_thd_thd", attn_mask_type="padding"), "a100"
+    mismatches, _, answer, _ = compare(te_selector, RULES_ONLY(), c, spec, profile(spec))
+    assert mismatches == [] and answer.cpp_refusal == "thd_sm90" and not answer.fused
+    assert answer.fused_python  # TE's Python side alone accepts it
+    cpp = tuple(r for r in cudnn.CPP_RULES if r.__name__ != "cpp_f16")
+    monkeypatch.setattr(cudnn, "CPP_RULES", cpp)
+    monkeypatch.setattr(cudnn, "BINDING_RULES", (*cudnn.PYTHON_RULES, *cpp, cudnn.determinism))
+    fields = {m.field for m in compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0]}
+    assert {"fused_cpp", "fused"} <= fields
+
+
+def test_cpp_oracle_reads_what_te_hands_the_cpp(te_selector: te_cpu.TE) -> None:
+    """The oracle sees TE's FusedAttentionParams: MXFP8 hands cuDNN a bhsd layout for a mixed
+    one (only the gradient layout stays mixed), ALiBi with slopes arrives as a post_scale_bias,
+    and the CUDA-graph bug check reads C++'s qkv_format (sbhd_2bshd is not sbhd)."""
+    cases = [
+        (FusedAttnConfig(fp8=True, fp8_recipe="mxfp8", head_dim_qk=128,
+                         qkv_layout="sbhd_bshd_bshd"), "b200", "fp8_format"),
+        (FusedAttnConfig(fp8=True, fp8_recipe="mxfp8", head_dim_qk=128, is_training=False,
+                         qkv_layout="sbhd_bshd_bshd"), "b200", None),
+        (FusedAttnConfig(fp8=True, head_dim_qk=128, bias_type="alibi", attn_mask_type="causal",
+                         alibi_slopes_shape=(16,)), "b200", "fp8_bias"),
+        (FusedAttnConfig(fp8=True, head_dim_qk=128, bias_type="alibi", attn_mask_type="causal"),
+         "b200", "fp8_alibi"),
+        (FusedAttnConfig(max_seqlen_kv=100, cuda_graph=True), "h100:cudnn=9.15.0",
+         "cuda_graph_cudnn"),
+        (FusedAttnConfig(max_seqlen_kv=100, cuda_graph=True, qkv_layout="sbhd_bshd_bshd"),
+         "h100:cudnn=9.15.0", None),
+    ]  # fmt: skip
+    for c, spec, key in cases:
+        answer = te_selector.decide(c, profile(spec), log=False)
+        assert answer.cpp_queries and answer.cpp_refusal == key, (c, spec, answer)
+        ours = {r.code for r in evaluate(cudnn.CPP_RULES, c, profile(spec))}
+        assert ours == ({cpp_code(key)} if key else set()), (c, spec, ours)
 
 
 def test_fa3_softcap_difference_is_the_documented_one(te_selector: te_cpu.TE) -> None:

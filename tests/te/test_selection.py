@@ -16,7 +16,7 @@ import pytest
 import torch
 from packaging.version import Version
 
-from te_fl_attention.config import FusedAttnConfig
+from te_fl_attention.config import FusedAttnConfig, te_max_tokens
 from te_fl_attention.device import profile
 from te_fl_attention.plugin import selection
 from te_fl_attention.plugin.selection import (
@@ -105,8 +105,69 @@ def test_memo_hits_and_env_and_prefer(monkeypatch: pytest.MonkeyPatch) -> None:
         r = backend(p)
         assert r[0] and r[1].backend == "triton"
     assert backend.stats["misses"] == 4
-    backend(dataclasses.replace(p, num_tokens_q=77))  # token counts are not part of the key
-    assert backend.stats["misses"] == 4
+
+
+THD = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal", window_size=(-1, 0))
+
+
+def test_token_counts_key_the_memo_by_their_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE's num_tokens_q/kv reach the config as TE's bucket; calls in one bucket share one
+    decision (a memo hit), calls in different buckets are decided separately (here a verdict that
+    depends on the bucket: a stand-in rule refusing more than 1024 tokens)."""
+    from te_fl_attention.probes import cudnn
+
+    def over_1024(c: FusedAttnConfig, d: Any) -> Any:
+        """Refuses a thd q above TE's first token bucket (a test stand-in, not TE's)."""
+        if (c.num_tokens_q or 0) > 1024:
+            return cudnn._t("test_tokens", "more than 1024 tokens", c.num_tokens_q, "<= 1024")
+        return None
+
+    monkeypatch.setattr(cudnn, "TABLE_RULES", (*cudnn.TABLE_RULES, over_1024))
+    backend = rules_backend()
+    calls = [(300, True), (1000, False), (1024, False), (1025, True), (2048, False), (1500, False),
+             (5000, True)]  # (tokens, a new decision expected)
+    answers = {}
+    for tokens, new in calls:
+        misses = backend.stats["misses"]
+        p = Params(**THD, num_tokens_q=tokens, num_tokens_kv=tokens)
+        answers[tokens] = backend(p)
+        assert backend.stats["misses"] == misses + new, tokens
+        assert backend.decide(p).config.num_tokens_q == te_max_tokens(tokens)
+    assert answers[300] == answers[1024] and answers[1025] == answers[2048] == answers[5000]
+    assert answers[300][5][1] and not answers[1025][5][1]  # fused: one bucket yes, the next no
+    # Another format: TE passes 0, and the config holds no token count.
+    bshd = Params(num_tokens_q=0, num_tokens_kv=0)
+    assert backend.decide(bshd).config.num_tokens_q is None
+
+
+def test_token_bucket_is_tes() -> None:
+    assert [selection.token_bucket(t) for t in (0, 1, 1024, 1025, 4096, 32768, 32769, 70000)] == \
+        [0, 1024, 1024, 2048, 4096, 32768, 65536, 98304]  # fmt: skip
+
+
+class _Sym:
+    """A stand-in for a symbolic token count: it records what it is compared with."""
+
+    def __init__(self, value: int) -> None:
+        self.value, self.seen = value, []
+
+    def __gt__(self, other: int) -> bool:
+        self.seen.append(("gt", other))
+        return self.value > other
+
+    def __le__(self, other: int) -> bool:
+        self.seen.append(("le", other))
+        return self.value <= other
+
+
+def test_traced_token_bucket_guards_on_bounds_only() -> None:
+    """Under torch.compile a count is only compared with the bucket bounds (a recompile when
+    the bucket changes, not when the count does)."""
+    for value in (0, 1, 700, 1025, 5000, 32768):
+        sym = _Sym(value)
+        assert selection.traced_token_bucket(sym) == selection.token_bucket(value)
+        assert {other for _, other in sym.seen} <= {0, 1024, 2048, 4096, 8192, 16384, 32768}
+    assert selection.traced_token_bucket(3000) == 4096
 
 
 def test_unhashable_and_fp8_params() -> None:
