@@ -13,8 +13,8 @@
 # a final line
 #   gpu_acceptance steps=N passed=P skipped=K failed=F seconds=T
 # and one JSON file, DIR/gpu_acceptance.json (every step's summary, exit status, time and the
-# tail of its log), plus DIR/te_cudnn_frontend.log (the cuDNN graphs TE itself built) when TE
-# ran. Exit status: 0 when no step failed, 1 otherwise, 2 without a GPU.
+# tail of its log), plus DIR/te_graphs.log and DIR/te_cudnn_frontend.log (the cuDNN graphs TE
+# itself built for its support query and its runs) when TE ran. Exit status: 0 when no step failed, 1 otherwise, 2 without a GPU.
 # The budgets add up to at most 8 minutes.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -41,11 +41,12 @@ done
 STEPS=(
 "install|45|pinned dependencies this checkout needs, into a private site dir|^install|install_deps"
 "explain_local|20|te-fl-attn explain --device local decides with cuDNN graphs on this GPU|^chosen:|\$PY -m te_fl_attention.cli explain --device local --preset llama3-8b"
-"pytest_gpu|75|pytest -m gpu (real-handle cuDNN, Triton and the stages on the GPU)|passed failed error no.tests.ran|\$PY -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests"
+"pytest_gpu|70|pytest -m gpu (real-handle cuDNN, Triton and the stages on the GPU)|passed failed error no.tests.ran|\$PY -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests"
 "cudnn_agreement|60|real-handle vs deviceless-descriptor cuDNN verdicts, >= 40 configs|^cudnn_agreement|\$PY scripts/gpu/cudnn_agreement.py --out \$STEPDIR"
-"te_decisions|45|our decision vs TE's own get_attention_backend (plugin off), same configs|^te_decisions|\$PY scripts/gpu/te_decisions.py --out \$STEPDIR"
-"te_dpa|50|TE DotProductAttention fwd+bwd with the plugin vs without, >= 10 configs|^te_dpa.configs ^te_dpa:|\$PY scripts/gpu/te_dpa.py --out \$STEPDIR"
-"bench_kernels|90|Triton vs torch SDPA, bf16, S=1k/4k/8k, D=64/128, causal or not|^triton_vs_sdpa ^bench_kernels|\$PY benchmarks/bench_kernels.py --out \$STEPDIR"
+"te_decisions|45|our decision vs TE's own get_attention_backend (plugin off), same configs|^te_decisions|\$PY scripts/gpu/te_decisions.py --te-graph-log \$WORK/te_graphs.log --out \$STEPDIR"
+"graph_diff|25|our cuDNN graphs vs the graphs TE built for the same configs (its log)|^graph_diff|\$PY scripts/gpu/graph_diff.py --log \$WORK/te_graphs.log --out \$STEPDIR"
+"te_dpa|45|TE DotProductAttention fwd+bwd with the plugin vs without, >= 10 configs|^te_dpa.configs ^te_dpa:|\$PY scripts/gpu/te_dpa.py --out \$STEPDIR"
+"bench_kernels|85|Triton vs torch SDPA, bf16, S=1k/4k/8k, D=64/128, causal or not|^triton_vs_sdpa ^bench_kernels|\$PY benchmarks/bench_kernels.py --out \$STEPDIR"
 "bench_measured|60|measured-mode regret over 30 configs|^measured_regret|\$PY benchmarks/bench_measured.py --budget-s 50 --out \$STEPDIR"
 "flash_tiny|25|a flash-attn tiny run for every installed flash-attn flavour|^flash_tiny|\$PY scripts/gpu/flash_tiny.py --out \$STEPDIR"
 )
@@ -153,7 +154,9 @@ EOF
 done
 total=$(( $(date +%s) - started ))
 # TE's own cuDNN graphs (logged by the te_dpa step), for comparing with the graphs we build
-[ -f "$WORK/te_dpa/te_cudnn_frontend.log" ] && cp "$WORK/te_dpa/te_cudnn_frontend.log" "$OUT/"
+for log in "$WORK/te_graphs.log" "$WORK/te_dpa/te_cudnn_frontend.log"; do
+    [ -f "$log" ] && cp "$log" "$OUT/"
+done
 "$PY" - "$WORK/steps.jsonl" "$OUT/gpu_acceptance.json" "$total" <<'EOF'
 import json, sys
 steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]

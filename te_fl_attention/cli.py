@@ -95,7 +95,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.verify or args.measure:
         policy = policy.with_(verify=policy.verify or args.verify,
                               measure=policy.measure or args.measure)  # fmt: skip
-    decision = default_selector().decide(config, args.device, policy, force=args.force)
+    selector = default_selector()
+    decision = selector.decide(config, args.device, policy, force=args.force)
+    if args.show_graph or args.compare_log:
+        spec = selector.graph_spec(config, decision.device) or {
+            "message": "no graphs: the fused probe builds none here (TE_FL_ATTN_CUDNN_PROBE=0, "
+                       "or cudnn-frontend is not installed)"}  # fmt: skip
+        if args.compare_log:
+            spec["compared"] = compare_with_log(spec, args.compare_log)
+        decision = dataclasses.replace(decision, detail={**decision.detail, "graph_spec": spec})
     if args.json:
         print(render.to_json(decision))
     else:
@@ -150,6 +158,23 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def compare_with_log(spec: dict, path: str) -> dict[str, list[str]]:
+    """Our graphs against the graphs in a cudnn-frontend log (TE's, ``CUDNN_FRONTEND_LOG_INFO=1``
+    ``CUDNN_FRONTEND_LOG_FILE=...``): per graph, the differences from the closest one there."""
+    from .graphspec import graphs_in_log, match
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            logged = graphs_in_log(fh.read())
+    except OSError as exc:
+        raise ValueError(f"--compare-log {path}: {exc.strerror or exc}") from None
+    if not logged:
+        raise ValueError(f"--compare-log {path}: no cuDNN graph (JSON with nodes and tensors) "
+                         "in it; write one with CUDNN_FRONTEND_LOG_INFO=1 "
+                         "CUDNN_FRONTEND_LOG_FILE=<path>")  # fmt: skip
+    return {which: match(graph, logged)[1] for which, graph in (spec.get("graphs") or {}).items()}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="te-fl-attn", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -169,6 +194,14 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--measure", action="store_true",
                    help="time each candidate that can run here and choose the fastest "
                    "(TE_FL_ATTN_MEASURE=1; on CPU a scaled-down shape)")  # fmt: skip
+    e.add_argument("--show-graph", action="store_true",
+                   help="also list the cuDNN graphs FusedAttention's probe builds: every tensor "
+                   "(role, dims, strides, data type, ragged offset) and every option, in "
+                   "cudnn-frontend's vocabulary")  # fmt: skip
+    e.add_argument("--compare-log", metavar="FILE",
+                   help="with --show-graph: compare those graphs with the closest ones in a "
+                   "cudnn-frontend log (CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=FILE "
+                   "while TE runs) and print every difference")  # fmt: skip
     _add_config_flags(e)
     e.set_defaults(func=cmd_explain)
 

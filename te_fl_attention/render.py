@@ -134,6 +134,49 @@ def render(decision: Decision, file: TextIO | None = None, width: int | None = N
     for line in measured_lines(decision):
         console.print(escape(line))
     console.print(f"config key: {decision.config.key()}  (source: {decision.source})")
+    spec = decision.detail.get("graph_spec")
+    if spec is not None:
+        render_graphs(spec, console)
+
+
+def _shape(values: Any) -> str:
+    return "x".join(str(v) for v in values) if isinstance(values, list) else str(values)
+
+
+def render_graphs(spec: dict[str, Any], console: Any) -> None:
+    """The cuDNN graphs the fused probe built (``explain --show-graph``): per graph, the SDPA
+    node's options and every tensor it reads or writes, in cudnn-frontend's vocabulary; then,
+    with a TE log to compare with, every difference."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .graphspec import options, roles
+
+    if spec.get("message"):
+        console.print(escape(f"graph spec: {spec['message']}"))
+    for which, graph in (spec.get("graphs") or {}).items():
+        opts = options(graph)
+        title = (f"cuDNN {which} graph ({spec.get('mode') or '?'}, "
+                 f"cuDNN {spec.get('cudnn_version')})")
+        table = Table(title=title, show_lines=False)
+        for col in ("role", "tensor", "dims", "strides", "data type", "ragged offset", "by value"):
+            table.add_column(col, overflow="fold")
+        for role, t in roles(graph).items():
+            off = t.get("ragged_offset")
+            mult = t.get("ragged_offset_multiplier")
+            ragged = "-" if off is None else f"{_shape(off['dim'])} {off['data_type']}" + (
+                f" x{mult}" if mult not in (None, 1) else "")
+            table.add_row(escape(role), escape(str(t.get("name"))), _shape(t.get("dim")),
+                          _shape(t.get("stride")), str(t.get("data_type") or "(graph io)"),
+                          ragged, "yes" if t.get("is_pass_by_value") else "")  # fmt: skip
+        console.print(table)
+        console.print(escape(f"{which} options: " + ", ".join(
+            f"{k}={json.dumps(v)}" for k, v in sorted(opts.items()))))  # fmt: skip
+    for which, differences in (spec.get("compared") or {}).items():
+        if not differences:
+            console.print(f"{which}: the same graph as the one in the log")
+        for line in differences:
+            console.print(escape(f"{which}: {line}"))
 
 
 def measured_lines(decision: Decision) -> list[str]:

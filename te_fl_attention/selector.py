@@ -10,6 +10,7 @@ that adds the stage, see :meth:`Selector.stage_env`), so probe rows are shared b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -215,6 +216,17 @@ class Selector:
             raise NoBackendError(decision)
         return decision
 
+    def graph_spec(self, config: FusedAttnConfig, device: DeviceProfile | str | None = None
+                   ) -> dict[str, Any] | None:  # fmt: skip
+        """The cuDNN graphs the fused candidate's probe builds for ``config`` on ``device``
+        (cudnn-frontend's JSON of the forward and, for training, the backward graph, with
+        cuDNN's verdict), or ``None`` when this selector's fused probe builds no graphs. Built
+        afresh (a graph is not stored in the probe cache)."""
+        dev = profile(device)
+        probe = next((p for p in self.probes if p.name == "fused"), None)
+        build = getattr(probe, "graph_spec", None) if getattr(probe, "graph", False) else None
+        return build(config, dev) if build is not None else None
+
     def clear(self) -> None:
         with self._lock:
             self._memo.clear()
@@ -388,6 +400,14 @@ def select(config: FusedAttnConfig, device: DeviceProfile | str | None = None,
 
 
 def explain(config: FusedAttnConfig, device: DeviceProfile | str | None = None,
-            policy: Policy | None = None, force: str | None = None) -> Decision:  # fmt: skip
-    """The full decision with every candidate's reasons, also when nothing is supported."""
-    return default_selector().decide(config, device, policy, force)
+            policy: Policy | None = None, force: str | None = None, *,
+            show_graph: bool = False) -> Decision:  # fmt: skip
+    """The full decision with every candidate's reasons, also when nothing is supported.
+    ``show_graph``: also ``detail["graph_spec"]``, the cuDNN graphs FusedAttention's probe
+    builds (:meth:`Selector.graph_spec`)."""
+    sel = default_selector()
+    decision = sel.decide(config, device, policy, force)
+    if show_graph:
+        decision = dataclasses.replace(decision, detail={
+            **decision.detail, "graph_spec": sel.graph_spec(config, decision.device)})
+    return decision

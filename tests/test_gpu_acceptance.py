@@ -27,7 +27,8 @@ def test_dry_run_lists_every_step_within_eight_minutes() -> None:
     steps = re.findall(r"^step (\S+)\s+budget=\s*(\d+)s", p.stdout, re.M)
     names = [n for n, _ in steps]
     assert names == ["install", "explain_local", "pytest_gpu", "cudnn_agreement", "te_decisions",
-                     "te_dpa", "bench_kernels", "bench_measured", "flash_tiny"]  # fmt: skip
+                     "graph_diff", "te_dpa", "bench_kernels", "bench_measured",
+                     "flash_tiny"]  # fmt: skip
     total = sum(int(b) for _, b in steps)
     assert total <= 480 and f"budget_s={total}" in p.stdout
     for script in re.findall(r"\$PY ((?:scripts|benchmarks)/\S+\.py)", p.stdout):
@@ -35,8 +36,9 @@ def test_dry_run_lists_every_step_within_eight_minutes() -> None:
 
 
 @pytest.mark.parametrize("script", ["scripts/gpu/cudnn_agreement.py", "scripts/gpu/te_decisions.py",
-                                    "scripts/gpu/te_dpa.py", "scripts/gpu/flash_tiny.py",
-                                    "benchmarks/bench_kernels.py", "benchmarks/bench_measured.py"])
+                                    "scripts/gpu/graph_diff.py", "scripts/gpu/te_dpa.py",
+                                    "scripts/gpu/flash_tiny.py", "benchmarks/bench_kernels.py",
+                                    "benchmarks/bench_measured.py"])
 def test_every_step_script_parses_its_arguments(script: str) -> None:
     p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)  # fmt: skip
