@@ -1,5 +1,6 @@
-"""``te-fl-attn``: explain a decision, show device profiles, print the support matrix, manage
-the probe cache.
+"""te-fl-attn: explain which attention backend TransformerEngine would run for a config and
+why, show device profiles, print the support matrix (rule stage), manage the probe cache and
+compare a fleet.
 
 Exit codes: 0 a backend was chosen (or the command worked), 3 no backend, 2 bad input.
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,51 +22,101 @@ from .config import FusedAttnConfig
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_BACKEND = 0, 2, 3
 
 _SKIP_FLAGS = {"max_seqlen_kv"}  # has its own flag below (with --seqlen)
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,40}")
+_ASCII_FLOAT = re.compile(r"[+-]?([0-9]{1,40}(\.[0-9]{0,40})?|\.[0-9]{1,40})([eE][+-]?[0-9]{1,4})?")
+#: Pairs of flags that set the same field: both given with different values is an error.
+CONFLICTS = (("seqlen", "max_seqlen_q"), ("batch", "batch_size"))
+
+
+def _int_arg(text: str) -> int:
+    """An ASCII integer (no other digits, no spaces); its range is the config field's."""
+    if not _ASCII_INT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (ASCII digits, at most 40)")
+    return int(text)
+
+
+def _float_arg(text: str) -> float:
+    """An ASCII decimal number (no nan/inf); its range is the config field's."""
+    if not _ASCII_FLOAT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite decimal number")
+    return float(text)
 
 
 def _pair(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.replace(" ", "").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected integers like 128,0") from None
+    parts = text.replace(" ", "").split(",")
+    if not all(_ASCII_INT.fullmatch(x) for x in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers like 128,0")
+    return tuple(int(x) for x in parts)
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    from .config import field_help
+
     g = p.add_argument_group("config fields (FusedAttnConfig; override --preset/--config)")
-    g.add_argument("--seqlen", type=int, help="max_seqlen_q and max_seqlen_kv together")
-    g.add_argument("--batch", type=int, help="alias of --batch-size")
-    g.add_argument("--max-seqlen-kv", type=int, default=None)
+    g.add_argument("--seqlen", type=_int_arg, metavar="N",
+                   help="max_seqlen_q and max_seqlen_kv together (--max-seqlen-kv overrides the "
+                   f"kv side; not with a different --max-seqlen-q): {field_help('max_seqlen_q')}")
+    g.add_argument("--batch", type=_int_arg, metavar="N",
+                   help=f"alias of --batch-size (not both, unless equal): "
+                   f"{field_help('batch_size')}")  # fmt: skip
+    g.add_argument("--max-seqlen-kv", type=_int_arg, default=None, metavar="N",
+                   help=field_help("max_seqlen_kv"))
     for f in dataclasses.fields(FusedAttnConfig):
         if f.name in _SKIP_FLAGS:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
+        text = field_help(f.name).replace("%", "%%")
         if f.name in ("window_size", "alibi_slopes_shape"):
-            g.add_argument(flag, type=_pair, default=None, metavar="A,B")
+            g.add_argument(flag, type=_pair, default=None, metavar="A,B", help=text)
         elif isinstance(default, bool) or f.type in ("bool", "bool | None"):
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif isinstance(default, int) or f.type in ("int", "int | None"):
-            g.add_argument(flag, type=int, default=None)
+            g.add_argument(flag, type=_int_arg, default=None, metavar="N", help=text)
         elif isinstance(default, float) or f.type in ("float", "float | None"):
-            g.add_argument(flag, type=float, default=None)
+            g.add_argument(flag, type=_float_arg, default=None, metavar="X", help=text)
         else:
-            g.add_argument(flag, type=str, default=None)
+            g.add_argument(flag, type=str, default=None, metavar="NAME", help=text)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A ``--config`` file: a regular file of at most ``MAX_CONFIG_BYTES`` holding one JSON
+    object (never blocks on a FIFO or a device)."""
+    from .config import MAX_CONFIG_BYTES, parse_json_object
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ValueError(f"--config {path!r}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"--config {path!r} is not a regular file")
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"--config {path!r} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--config {path!r} is not UTF-8: {exc}") from None
+    return parse_json_object(text, f"--config {path!r}")
 
 
 def build_config(args: argparse.Namespace) -> FusedAttnConfig:
-    """Preset -> --config file -> explicit flags, later ones winning."""
+    """Preset -> --config file -> explicit flags, later ones winning; two flags for the same
+    field with different values are an error."""
     from .presets import preset
 
+    for alias, name in CONFLICTS:
+        a, b = getattr(args, alias, None), getattr(args, name, None)
+        if a is not None and b is not None and a != b:
+            flag_a, flag_b = "--" + alias, "--" + name.replace("_", "-")
+            raise ValueError(f"{flag_a} {a} conflicts with {flag_b} {b}: both set {name}; "
+                             "give one of them")  # fmt: skip
     kw: dict[str, Any] = {}
     if args.preset:
         kw.update(preset(args.preset, seqlen=args.seqlen, batch=args.batch))
     if args.config:
-        try:
-            with open(args.config) as fh:
-                data = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"--config {args.config}: {exc}") from None
-        kw.update(FusedAttnConfig.from_dict(data).to_dict() if isinstance(data, dict) else data)
+        kw.update(FusedAttnConfig.from_dict(read_config_file(args.config)).to_dict())
     for f in dataclasses.fields(FusedAttnConfig):
         value = getattr(args, f.name, None)
         if value is not None:
@@ -79,6 +133,24 @@ def build_config(args: argparse.Namespace) -> FusedAttnConfig:
     return FusedAttnConfig(**kw)
 
 
+def device_arg(value: str | None) -> str:
+    """``--device``, else ``TE_FL_ATTN_DEVICE`` (as the plugin reads it), else ``local``;
+    checked here so a bad value is exit 2 naming where it came from."""
+    from .device import profile
+
+    if value is not None:
+        profile(value)
+        return value
+    env = os.environ.get("TE_FL_ATTN_DEVICE") or None
+    if env is None:
+        return "local"
+    try:
+        profile(env)
+    except ValueError as exc:
+        raise ValueError(f"TE_FL_ATTN_DEVICE: {exc}") from None
+    return env
+
+
 def _policy(args: argparse.Namespace):
     from .policy import Policy
 
@@ -91,12 +163,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .selector import default_selector
 
     config = build_config(args)
+    device = device_arg(args.device)
     policy = _policy(args)
     if args.verify or args.measure:
         policy = policy.with_(verify=policy.verify or args.verify,
                               measure=policy.measure or args.measure)  # fmt: skip
     selector = default_selector()
-    decision = selector.decide(config, args.device, policy, force=args.force)
+    decision = selector.decide(config, device, policy, force=args.force)
+    decision = render.fit_hints(decision, device)
     if args.show_graph or args.compare_log:
         spec = selector.graph_spec(config, decision.device) or {
             "message": "no graphs: the fused probe builds none here (TE_FL_ATTN_CUDNN_PROBE=0, "
@@ -152,9 +226,19 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from .matrix import markdown
+    from .matrix import DEVICES, markdown
 
-    print(markdown(), end="")
+    devices = DEVICES
+    if args.device:
+        from .device import CATALOG, parse_spec
+
+        devices = tuple(d.strip() for d in args.device.split(";") if d.strip())
+        for spec in devices:
+            name, _ = parse_spec(spec)
+            if name not in CATALOG:
+                raise ValueError(f"--device {spec!r}: the matrix shows catalog GPUs; allowed: "
+                                 f"{', '.join(sorted(CATALOG))} (with :field=value overrides)")
+    print(markdown(devices), end="")
     return EXIT_OK
 
 
@@ -176,17 +260,33 @@ def compare_with_log(spec: dict, path: str) -> dict[str, list[str]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="te-fl-attn", description=__doc__.split("\n")[0])
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="te-fl-attn", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"te-fl-attn {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    from .config import MAX_CONFIG_BYTES
+    from .device import CATALOG
+    from .matrix import DEVICES
+    from .policy import ALIASES as BACKEND_NAMES
+    from .presets import PRESETS
 
     e = sub.add_parser("explain", help="which backend TE would run for a config, and why")
-    e.add_argument("--preset", help="a model shape: llama3-8b, llama3-70b, mixtral-8x7b, "
-                   "deepseek-v3, gpt-oss-120b-swa")  # fmt: skip
-    e.add_argument("--config", help="a JSON file with FusedAttnConfig fields")
-    e.add_argument("--device", default="local",
-                   help="local, a catalog name (h100), or name:field=value,... overrides")
-    e.add_argument("--force", help="only consider this backend (error if unsupported)")
-    e.add_argument("--prefer", help="comma-separated backends to try first")
+    e.add_argument("--preset", help="a model shape (any case): " + ", ".join(PRESETS))
+    e.add_argument("--config", metavar="FILE",
+                   help="a JSON file holding one object of FusedAttnConfig fields (at most "
+                   f"{MAX_CONFIG_BYTES} bytes)")  # fmt: skip
+    e.add_argument("--device", default=None,
+                   help="local, a catalog name (" + ", ".join(CATALOG) + "), or "
+                   "name:field=value,... overrides (e.g. h100:cudnn=9.10.2,fa4=none); default: "
+                   "TE_FL_ATTN_DEVICE as the plugin reads it, else local")  # fmt: skip
+    e.add_argument("--force", metavar="BACKEND",
+                   help="only consider this backend (any case): fused, flash, fa2, fa3, fa4, "
+                   "triton, unfused; aliases: " + ", ".join(  # fmt: skip
+                       n for n, c in BACKEND_NAMES.items() if n != c))
+    e.add_argument("--prefer", metavar="B1,B2",
+                   help="comma-separated backends to try first (same names as --force)")
     e.add_argument("--json", action="store_true", help="machine-readable output")
     e.add_argument("--verify", action="store_true",
                    help="compare each candidate that can run here with the reference on a small "
@@ -215,7 +315,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--list", action="store_true", help="list the catalog")
     d.set_defaults(func=cmd_device)
 
-    m = sub.add_parser("matrix", help="print the support matrix (markdown)")
+    m = sub.add_parser("matrix", help="print the support matrix (markdown) of the rule stage",
+                       description="The support matrix: feature x GPU per candidate, from the "
+                       "rule stage only (the TE-mirroring predicates; no graph is built, nothing "
+                       "runs, installed libraries are left out).")  # fmt: skip
+    m.add_argument("--device", metavar="SPEC[;SPEC...]",
+                   help="catalog GPUs to show (with :field=value overrides), ';'-separated; "
+                   "default: " + ", ".join(DEVICES))  # fmt: skip
     m.set_defaults(func=cmd_matrix)
 
     try:
@@ -238,9 +344,14 @@ def run_parser(p: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     """Parse ``argv`` and run the chosen command: ValueError is bad input (exit 2)."""
     args = p.parse_args(argv)
     try:
+        from .switches import check_switches
+
+        check_switches()
         return int(args.func(args))
     except ValueError as exc:
-        print(f"te-fl-attn: error: {exc}", file=sys.stderr)
+        from .render import safe_text
+
+        print(f"te-fl-attn: error: {safe_text(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # pragma: no cover - e.g. piped into head
         return EXIT_OK

@@ -8,12 +8,19 @@ never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+try:  # the canonical key's fast encoder (byte-identical to json's where it is used)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson = None
 
 #: Bumped whenever the meaning of a field or the normalization changes (it is part of the key).
 #: 2: ``num_tokens_q`` / ``num_tokens_kv`` (TE 2.20's token counts, bucketed) were added.
@@ -65,19 +72,80 @@ _MASK_ALIASES = {"causal,padding": "padding_causal", "padding,causal": "padding_
                  "causal_padding": "padding_causal"}  # fmt: skip
 
 
+#: TE's sizes and counts are C ``int32_t`` (``NVTETensor`` shapes, ``max_seqlen``, token counts).
+INT32_MAX = 2**31 - 1
+
+#: Every numeric field's allowed range, in one place: ``name -> (lo, hi, why)``, both ends
+#: included unless ``_OPEN`` says otherwise. The README lists the same table (``ranges_table``).
+RANGES: dict[str, tuple[float, float, str]] = {
+    "batch_size": (1, INT32_MAX, "TE's int32"),
+    "max_seqlen_q": (1, INT32_MAX, "TE's int32"),
+    "max_seqlen_kv": (1, INT32_MAX, "TE's int32"),
+    "num_tokens_q": (0, INT32_MAX, "TE's int32; 0: no count"),
+    "num_tokens_kv": (0, INT32_MAX, "TE's int32; 0: no count"),
+    "num_heads": (1, 2**16, "2^16"),
+    "num_gqa_groups": (1, 2**16, "2^16; divides num_heads"),
+    "head_dim_qk": (1, 1024, "each backend's rules say which it runs"),
+    "head_dim_v": (1, 1024, "each backend's rules say which it runs"),
+    "page_size": (0, INT32_MAX, "TE's int32; >= 1 when paged"),
+    "cp_size": (1, 2**16, "ranks of the context-parallel group"),
+    "num_splits": (1, 2**16, "flash-attn's split count"),
+    "window_size": (-1, INT32_MAX, "each of (left, right); -1: unbounded"),
+    "dropout": (0.0, 1.0, "a probability; 1 excluded"),
+    "softcap": (0.0, 1e30, "0: off"),
+    "softmax_scale": (0.0, 1e30, "unset: 1/sqrt(head_dim_qk)"),
+}
+#: Range ends excluded: ``dropout < 1``, ``softmax_scale > 0``.
+_OPEN = {"dropout": "hi", "softmax_scale": "lo"}
+#: Nesting allowed in a JSON config (a config is flat: lists of two numbers at most).
+MAX_JSON_DEPTH = 32
+#: Size of a ``--config`` file read at most.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, shortened: an error message never carries a huge or deep input."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        text = f"<{type(value).__name__} nested too deeply>"
+    return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} chars)"
+
+
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"{name}={value!r} is not valid: {allowed}")
+    return ValueError(f"{name}={_show(value)} is not valid: {allowed}")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise _bad(name, value, "allowed: " + ", ".join(allowed))
-    return value
+    """``value`` if it is one of ``allowed``; names are case-insensitive (lowercased)."""
+    if isinstance(value, str):
+        if value in allowed:
+            return value
+        low = value.lower()
+        if low in allowed:
+            return low
+    raise _bad(name, value, "allowed: " + ", ".join(allowed))
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad(name, value, f"expected an integer >= {minimum}")
+def allowed_text(name: str) -> str:
+    """What a numeric field accepts, as the errors and ``--help`` say it."""
+    lo, hi, why = RANGES[name]
+    if isinstance(lo, float):
+        left = "(" if _OPEN.get(name) == "lo" else "["
+        right = ")" if _OPEN.get(name) == "hi" else "]"
+        return f"a number in {left}{lo:g}, {hi:g}{right} ({why})"
+    return f"an integer in [{lo}, {hi}] ({why})"
+
+
+def _int(name: str, value: Any, minimum: int | None = None) -> int:
+    """An integer within ``RANGES[name]`` (``minimum`` raises the lower end)."""
+    lo, hi, _ = RANGES[name]
+    lo = lo if minimum is None else max(lo, minimum)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        allowed = allowed_text(name)
+        if minimum is not None and minimum > RANGES[name][0]:
+            allowed += f", here >= {minimum}"
+        raise _bad(name, value, f"expected {allowed}")
     return value
 
 
@@ -87,13 +155,94 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
-def _float(name: str, value: Any, lo: float, hi: float, hi_open: bool = True) -> float:
+def _float(name: str, value: Any) -> float:
+    """A finite number within ``RANGES[name]`` (``dropout``: below 1)."""
+    lo, hi, _ = RANGES[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(name, value, f"expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
-    value = float(value)
-    if not math.isfinite(value) or value < lo or value > hi or (hi_open and value == hi):
-        raise _bad(name, value, f"expected a number in [{lo}, {hi}{')' if hi_open else ']'}")
+        raise _bad(name, value, f"expected {allowed_text(name)}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range
+        raise _bad(name, value, f"expected {allowed_text(name)}") from None
+    open_end = _OPEN.get(name)
+    if (not math.isfinite(value) or value < lo or value > hi
+            or (open_end == "hi" and value == hi) or (open_end == "lo" and value == lo)):
+        raise _bad(name, value, f"expected {allowed_text(name)}")
     return value
+
+
+#: The string fields and what each accepts (case-insensitive, stored lowercase).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": DTYPES, "qkv_layout": QKV_LAYOUTS, "attn_mask_type": MASK_TYPES,
+    "bias_type": BIAS_TYPES, "bias_shape": BIAS_SHAPES, "softmax_type": SOFTMAX_TYPES,
+    "fp8_recipe": FP8_RECIPES, "cp_comm_type": CP_COMM_TYPES,
+}  # fmt: skip
+_DEFAULTS_TO = {"max_seqlen_kv": "max_seqlen_q", "num_gqa_groups": "num_heads",
+                "head_dim_v": "head_dim_qk"}  # fmt: skip
+
+
+def field_help(name: str) -> str:
+    """What a config field accepts, for ``--help`` (every value the CLI flag takes)."""
+    if name in CHOICES:
+        text = "one of " + ", ".join(CHOICES[name])
+        if name == "attn_mask_type":
+            text += " (also causal,padding)"
+        return text
+    if name == "window_size":
+        return f"LEFT,RIGHT, each {allowed_text(name).replace('an integer ', '')}"
+    if name == "alibi_slopes_shape":
+        return "NUM_HEADS or BATCH,NUM_HEADS (with bias_type alibi)"
+    if name in RANGES:
+        text = allowed_text(name)
+        return text + (f"; default: {_DEFAULTS_TO[name]}" if name in _DEFAULTS_TO else "")
+    return "true or false (--no-... for false)"
+
+
+def ranges_table() -> str:
+    """The README's table of numeric ranges (markdown), from :data:`RANGES`."""
+    lines = ["| field | allowed |", "|---|---|"]
+    for name in RANGES:
+        lines.append(f"| `{name}` | {allowed_text(name)} |")
+    return "\n".join(lines)
+
+
+def parse_json_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """Strict JSON holding one object: no NaN/Infinity, no duplicate keys, nesting at most
+    :data:`MAX_JSON_DEPTH`; anything else is a ``ValueError`` naming ``what``."""
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ValueError(f"key {_show(key)} appears twice")
+            out[key] = value
+        return out
+
+    try:
+        data = json.loads(text, parse_constant=constant, object_pairs_hook=pairs)
+    except RecursionError:
+        raise ValueError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what}: not valid JSON: {exc}") from None
+    except ValueError as exc:  # NaN, a duplicate key, an int past Python's digit limit
+        raise ValueError(f"{what}: not valid strict JSON: {exc}") from None
+    if not isinstance(data, dict):
+        kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+                 int: "a number", float: "a number"}  # fmt: skip
+        kind = kinds.get(type(data), type(data).__name__)
+        raise ValueError(f"{what} must hold a JSON object ({{\"num_heads\": 32, ...}}), not "
+                         f"{kind}: {_show(data, 60)}")  # fmt: skip
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return data
 
 
 def _te_bucket(n: int, floor_log2: int, pow2_log2: int) -> int:
@@ -148,7 +297,7 @@ def is_causal(mask: str) -> bool:
 def normalize_mask(mask: Any) -> str:
     """TE's mask spelling rules: ``"causal,padding"`` and friends become ``padding_causal``."""
     if isinstance(mask, str):
-        mask = _MASK_ALIASES.get(mask, mask)
+        mask = _MASK_ALIASES.get(mask.lower(), mask)
     return _choice("attn_mask_type", mask, MASK_TYPES)
 
 
@@ -167,6 +316,8 @@ def normalize_window(mask: str, window: Any) -> tuple[int, int]:
     ):
         raise _bad("window_size", window, "expected None or a pair of integers (left, right)")
     left, right = int(window[0]), int(window[1])
+    if not (-1 <= left <= INT32_MAX and -1 <= right <= INT32_MAX):
+        raise _bad("window_size", window, f"expected {allowed_text('window_size')}")
     if is_causal(mask):
         if (left, right) in ((-1, -1), (-1, 0)):
             return (-1, 0)
@@ -251,20 +402,20 @@ class FusedAttnConfig:
     def __post_init__(self) -> None:  # noqa: C901 - one linear pass over the fields
         s = object.__setattr__
         for name in ("batch_size", "max_seqlen_q", "num_heads", "head_dim_qk"):
-            _int(name, getattr(self, name), 1)
-        s(self, "max_seqlen_kv", _int("max_seqlen_kv", self.max_seqlen_kv, 1)
+            _int(name, getattr(self, name))
+        s(self, "max_seqlen_kv", _int("max_seqlen_kv", self.max_seqlen_kv)
           if self.max_seqlen_kv is not None else self.max_seqlen_q)  # fmt: skip
-        s(self, "num_gqa_groups", _int("num_gqa_groups", self.num_gqa_groups, 1)
+        s(self, "num_gqa_groups", _int("num_gqa_groups", self.num_gqa_groups)
           if self.num_gqa_groups is not None else self.num_heads)  # fmt: skip
-        s(self, "head_dim_v", _int("head_dim_v", self.head_dim_v, 1)
+        s(self, "head_dim_v", _int("head_dim_v", self.head_dim_v)
           if self.head_dim_v is not None else self.head_dim_qk)  # fmt: skip
         if self.num_heads % self.num_gqa_groups:
             raise ValueError(
                 f"num_heads={self.num_heads} is not divisible by "
                 f"num_gqa_groups={self.num_gqa_groups}"
             )
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("qkv_layout", self.qkv_layout, QKV_LAYOUTS)
+        s(self, "dtype", _choice("dtype", self.dtype, DTYPES))
+        s(self, "qkv_layout", _choice("qkv_layout", self.qkv_layout, QKV_LAYOUTS))
         for name in ("bias_requires_grad", "is_training", "deterministic", "fp8", "fp8_mha",
                      "fp8_output", "context_parallel", "pad_between_seqs", "kv_cache", "paged",
                      "return_max_logit", "cuda_graph", "has_score_mod", "has_score_mod_bprop",
@@ -296,7 +447,7 @@ class FusedAttnConfig:
             s(self, "kv_cache", True)
             s(self, "page_size", _int("page_size", self.page_size, 1))
         else:
-            _int("page_size", self.page_size, 0)
+            _int("page_size", self.page_size)
             s(self, "page_size", 0)
 
         # Token counts (TE 2.20: q.shape[0] / k.shape[0] of a thd tensor, padding included). Only
@@ -308,7 +459,7 @@ class FusedAttnConfig:
                                      ("num_tokens_kv", ragged_kv, self.max_seqlen_kv)):
             tokens = getattr(self, name)
             if tokens is not None:
-                _int(name, tokens, 0)
+                _int(name, tokens)
             if not ragged:
                 s(self, name, None)
             elif tokens != 0:
@@ -334,7 +485,7 @@ class FusedAttnConfig:
             _bool("bottom_right_diagonal", self.bottom_right_diagonal)
 
         # Bias / ALiBi.
-        _choice("bias_type", self.bias_type, BIAS_TYPES)
+        s(self, "bias_type", _choice("bias_type", self.bias_type, BIAS_TYPES))
         if (
             mask not in ("causal", "padding_causal")
             and not self.has_window
@@ -370,12 +521,12 @@ class FusedAttnConfig:
         if self.bias_shape is None:
             s(self, "bias_requires_grad", False)
 
-        s(self, "dropout", _float("dropout", self.dropout, 0.0, 1.0))
-        _choice("softmax_type", self.softmax_type, SOFTMAX_TYPES)
-        s(self, "softcap", _float("softcap", self.softcap, 0.0, 1e30, hi_open=False))
+        s(self, "dropout", _float("dropout", self.dropout))
+        s(self, "softmax_type", _choice("softmax_type", self.softmax_type, SOFTMAX_TYPES))
+        s(self, "softcap", _float("softcap", self.softcap))
 
         # FP8: fp8_recipe != "none" <=> fp8; fp8_mha implies FP8 DPA; fp8 io dtypes need FP8.
-        _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        s(self, "fp8_recipe", _choice("fp8_recipe", self.fp8_recipe, FP8_RECIPES))
         if self.fp8_recipe != "none" or self.fp8_mha:
             s(self, "fp8", True)
         if self.fp8 and self.fp8_recipe == "none":
@@ -386,8 +537,8 @@ class FusedAttnConfig:
             s(self, "fp8_output", False)
 
         # Context parallelism: cp_size > 1 <=> context_parallel.
-        _int("cp_size", self.cp_size, 1)
-        _choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES)
+        _int("cp_size", self.cp_size)
+        s(self, "cp_comm_type", _choice("cp_comm_type", self.cp_comm_type, CP_COMM_TYPES))
         if self.cp_size > 1:
             s(self, "context_parallel", True)
         if not self.context_parallel:
@@ -398,12 +549,9 @@ class FusedAttnConfig:
         if self.pad_between_seqs and "thd" not in (self.q_format, self.kv_format):
             s(self, "pad_between_seqs", False)
 
-        _int("num_splits", self.num_splits, 1)
+        _int("num_splits", self.num_splits)
         if self.softmax_scale is not None:
-            s(self, "softmax_scale", _float("softmax_scale", self.softmax_scale, 0.0, 1e30,
-                                            hi_open=False))  # fmt: skip
-            if self.softmax_scale == 0.0:
-                raise _bad("softmax_scale", 0.0, "expected a positive number or None (1/sqrt(d))")
+            s(self, "softmax_scale", _float("softmax_scale", self.softmax_scale))
 
     # ------------------------------------------------------------------ derived
     @property
@@ -441,11 +589,9 @@ class FusedAttnConfig:
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of every field (tuples become lists)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
+        values = self.__dict__
+        return {name: list(v) if isinstance(v := values[name], tuple) else v
+                for name in _field_names()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FusedAttnConfig:
@@ -453,7 +599,8 @@ class FusedAttnConfig:
         if not isinstance(data, Mapping):
             raise _bad("config", data, "expected a JSON object")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(k if isinstance(k, str) and len(k) <= 60 else _show(k, 60)
+                         for k in set(data) - names)  # fmt: skip
         if unknown:
             raise ValueError(
                 f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
@@ -469,23 +616,26 @@ class FusedAttnConfig:
 
     @classmethod
     def from_json(cls, text: str) -> FusedAttnConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config JSON is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        """From strict JSON holding one object (:func:`parse_json_object`)."""
+        return cls.from_dict(parse_json_object(text, "config JSON"))
 
     def key(self) -> str:
         """sha256 of the canonical JSON (schema version included): stable across processes."""
         cached = self.__dict__.get("_key")
         if cached is None:
-            payload = json.dumps(
-                {"schema": CONFIG_SCHEMA, "config": self.to_dict()},
-                sort_keys=True, separators=(",", ":"), allow_nan=False,
-            )  # fmt: skip
-            cached = hashlib.sha256(payload.encode()).hexdigest()
+            payload = _fast_canonical(self)
+            if payload is None:
+                payload = self._canonical_json().encode()
+            cached = hashlib.sha256(payload).hexdigest()
             object.__setattr__(self, "_key", cached)
         return cached
+
+    def _canonical_json(self) -> str:
+        """The text :meth:`key` hashes (the reference encoding: :func:`json.dumps`)."""
+        return json.dumps(
+            {"schema": CONFIG_SCHEMA, "config": self.to_dict()},
+            sort_keys=True, separators=(",", ":"), allow_nan=False,
+        )  # fmt: skip
 
     def replace(self, **changes: Any) -> FusedAttnConfig:
         """A copy with ``changes`` applied (normalized again)."""
@@ -635,6 +785,8 @@ def _dtype_name(dtype: Any) -> str:
     text = str(dtype)
     if text in DTYPES:
         return text
+    if text.lower() in DTYPES:
+        return text.lower()
     if text in _TORCH_DTYPES:
         return _TORCH_DTYPES[text]
     raise _bad("dtype", text, "allowed: " + ", ".join(DTYPES) + " (or the torch dtypes)")
@@ -679,3 +831,61 @@ def canonical_bias_shape(code: str, batch: int, heads: int, sq: int) -> str:
 __all__ = ["FusedAttnConfig", "CONFIG_SCHEMA", "normalize_window", "normalize_mask",
            "layout_formats", "layout_group", "is_causal", "field", "ragged_pieces",
            "te_max_batch_size", "te_max_tokens"]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _field_names() -> tuple[str, ...]:
+    """:class:`FusedAttnConfig`'s field names in declaration order (``to_dict``'s key order)."""
+    return tuple(f.name for f in fields(FusedAttnConfig))
+
+
+@functools.lru_cache(maxsize=1)
+def _sorted_fields() -> tuple[tuple[str, ...], Callable[[Mapping[str, Any]], tuple]]:
+    """The field names sorted (the canonical JSON's key order) and a getter of their values."""
+    names = tuple(sorted(_field_names()))
+    return names, operator.itemgetter(*names)
+
+
+#: The value types :func:`_fast_canonical` encodes (exactly these: subclasses fall back).
+_PLAIN = frozenset({int, bool, str, float, tuple, type(None)})
+
+
+def _fast_canonical(config: FusedAttnConfig) -> bytes | None:
+    """``FusedAttnConfig._canonical_json().encode()`` through orjson, or ``None`` when the two
+    encoders could differ (the caller then uses :mod:`json`). Byte for byte the same because:
+
+    * keys: both dicts are built in sorted order (orjson keeps insertion order), compact
+      separators in both;
+    * exact types only (``None``, ``bool``, ``int``, ``str``, ``float``, tuples of ``int``, which
+      both write as arrays); orjson refuses ints past 64 bits (fallback);
+    * ``float``: finite and without an exponent in its ``repr`` (``json``'s ``1e-05``/``1e+16``
+      are orjson's ``1e-5``/``1e16``; orjson writes NaN as ``null`` where ``json`` refuses it);
+      both then write the shortest round-trip digits;
+    * ``str``: the output is ASCII without a backslash or DEL, so no string held a character
+      either encoder escapes (orjson escapes ``"``, ``\\`` and control characters with a
+      backslash; ``json`` also escapes DEL and everything non-ASCII): both wrote it verbatim."""
+    if _orjson is None:
+        return None
+    names, getter = _sorted_fields()
+    values = getter(config.__dict__)
+    kinds = set(map(type, values))
+    if not kinds <= _PLAIN:
+        return None
+    if float in kinds or tuple in kinds:
+        for v in values:
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v) or "e" in repr(v):
+                    return None
+            elif t is tuple:
+                for x in v:
+                    if type(x) is not int:
+                        return None
+    try:
+        out = _orjson.dumps({"config": dict(zip(names, values, strict=True)),
+                             "schema": CONFIG_SCHEMA})  # fmt: skip
+    except (TypeError, _orjson.JSONEncodeError):  # an int past 64 bits
+        return None
+    if not out.isascii() or b"\\" in out or b"\x7f" in out:
+        return None
+    return out

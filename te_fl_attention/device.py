@@ -10,11 +10,14 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from importlib import metadata
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 #: Version fields a catalog entry can override with ``name:field=value``.
 VERSION_FIELDS = (
@@ -104,25 +107,70 @@ class DeviceProfile:
         return cached
 
     def with_overrides(self, overrides: Mapping[str, str]) -> DeviceProfile:
-        """A copy with fields replaced; ``"none"`` means not installed / unknown."""
+        """A copy with fields replaced; ``"none"`` means not installed / unknown (no GPU for
+        ``sm``). Every value is checked (:func:`override_value`); keys are case-insensitive."""
         changes: dict[str, Any] = {}
         for raw_key, raw in overrides.items():
-            key = _ALIASES.get(raw_key, raw_key)
-            if key in VERSION_FIELDS:
-                changes[key] = None if raw.lower() in ("none", "") else raw
-            elif key in ("sm", "sm_count"):
-                try:
-                    changes[key] = None if raw.lower() == "none" else int(raw)
-                except ValueError:
-                    raise ValueError(
-                        f"device override {raw_key}={raw!r}: expected an integer"
-                    ) from None
-            elif key == "memory_gib":
-                changes[key] = float(raw)
-            else:
-                allowed = ", ".join((*VERSION_FIELDS, "sm", "sm_count", "memory_gib"))
-                raise ValueError(f"unknown device override {raw_key!r}; allowed: {allowed}")
+            key = override_key(raw_key)
+            if key in changes:
+                raise ValueError(f"device override {key} is given twice ({raw_key}={raw!r})")
+            changes[key] = override_value(key, raw)
         return dataclasses.replace(self, **changes) if changes else self
+
+
+#: Compute capabilities of the GPU architectures CUDA 12/13 know (``sm`` = 10 * major + minor).
+KNOWN_SM = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120,
+            121)  # fmt: skip
+#: Bounds of the hardware overrides (positive, and no more than any GPU has by far).
+MAX_SM_COUNT = 4096
+MAX_MEMORY_GIB = 65536.0
+OVERRIDE_FIELDS = (*VERSION_FIELDS, "sm", "sm_count", "memory_gib")
+_ASCII_INT = re.compile(r"[0-9]+")
+_ASCII_NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+
+
+def override_key(raw_key: str) -> str:
+    """The profile field an override names (aliases ``fa2``/``fa3``/``fa4``/``te``; any case)."""
+    low = raw_key.strip().lower()
+    key = _ALIASES.get(low, low)
+    if key not in OVERRIDE_FIELDS:
+        aliases = ", ".join(f"{a} ({k})" for a, k in _ALIASES.items())
+        raise ValueError(f"unknown device override {raw_key!r}; allowed: "
+                         f"{', '.join(OVERRIDE_FIELDS)}; aliases: {aliases}")  # fmt: skip
+    return key
+
+
+def override_value(key: str, raw: str) -> Any:
+    """The checked value of one override: a PEP 440 version for a library, a known
+    architecture for ``sm``, a positive count/size for ``sm_count``/``memory_gib``; ``none``
+    (any case) means not installed / unknown."""
+    text = raw.strip() if isinstance(raw, str) else raw
+    if not isinstance(text, str) or not text or len(text) > 100:
+        raise ValueError(f"device override {key}={raw!r} is not valid: expected a value of 1 to "
+                         "100 characters (none for not installed)")  # fmt: skip
+    if text.lower() == "none":
+        return None
+    if key in VERSION_FIELDS:
+        try:
+            Version(text)
+        except InvalidVersion:
+            raise ValueError(f"device override {key}={raw!r} is not valid: expected a version "
+                             "such as 9.10.2 or 2.8.3 (PEP 440), or none") from None  # fmt: skip
+        return text
+    if key == "sm":
+        if _ASCII_INT.fullmatch(text) and int(text) in KNOWN_SM:
+            return int(text)
+        raise ValueError(f"device override sm={raw!r} is not valid: expected a known "
+                         f"architecture ({', '.join(map(str, KNOWN_SM))}), or none")  # fmt: skip
+    if key == "sm_count":
+        if _ASCII_INT.fullmatch(text) and 1 <= int(text) <= MAX_SM_COUNT:
+            return int(text)
+        raise ValueError(f"device override sm_count={raw!r} is not valid: expected an integer "
+                         f"in [1, {MAX_SM_COUNT}], or none")  # fmt: skip
+    if _ASCII_NUMBER.fullmatch(text) and 0 < float(text) <= MAX_MEMORY_GIB:  # memory_gib
+        return float(text)
+    raise ValueError(f"device override memory_gib={raw!r} is not valid: expected a number in "
+                     f"(0, {MAX_MEMORY_GIB:g}], or none")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- catalog
@@ -186,15 +234,30 @@ CATALOG: dict[str, DeviceProfile] = {
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """``"h100:cudnn=9.10,flash_attn=none"`` -> ``("h100", {"cudnn": "9.10", ...})``."""
-    name, _, rest = spec.partition(":")
+    """``"h100:cudnn=9.10,flash_attn=none"`` -> ``("h100", {"cudnn": "9.10", ...})``. Names and
+    keys are case-insensitive (lowercased); an empty name, an empty or malformed item, or a key
+    given twice is an error."""
+    if not isinstance(spec, str):
+        raise ValueError(f"device={spec!r} is not valid: expected a name such as h100 or "
+                         "h100:cudnn=9.10.2")  # fmt: skip
+    name, colon, rest = spec.partition(":")
+    name = name.strip().lower()
+    if not name:
+        raise ValueError(f"device={spec!r} is not valid: expected a name before ':' (local, "
+                         f"{', '.join(sorted(CATALOG))})")  # fmt: skip
     overrides: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
+    if colon and not rest.strip():
+        raise ValueError(f"device={spec!r} is not valid: expected field=value,... after ':'")
+    for item in (p.strip() for p in rest.split(",")) if colon else ():
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"device override {item!r} in {spec!r}: expected field=value")
-        overrides[key.strip()] = value.strip()
-    return name.strip().lower(), overrides
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"device override {item!r} in {spec!r}: expected field=value "
+                             "(none for not installed)")  # fmt: skip
+        key = key.strip().lower()
+        if key in overrides:
+            raise ValueError(f"device override {key} is given twice in {spec!r}")
+        overrides[key] = value.strip()
+    return name, overrides
 
 
 def profile(spec: str | DeviceProfile | None = None) -> DeviceProfile:

@@ -1,6 +1,8 @@
 """Everything a user can say about the choice: NVTE_* switches, forcing, preferring, ordering.
 
-Environment variables are read with ``os.environ.get`` (torch.compile guards those reads).
+Environment variables are read with ``os.environ.get`` (torch.compile guards those reads): TE's
+``NVTE_*`` exactly as TE 2.20.2 parses them, ours (``TE_FL_ATTN_*``) exactly ``0``/``1`` (see
+:mod:`te_fl_attention.switches`).
 The policy never probes; it filters probe results and orders the survivors. ``verify`` and
 ``measure`` ask the selector for two extra stages (numerical verification, timing); with timings,
 the policy orders the timed candidates fastest first.
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from .probes.flash_attn import FA4_PREFERS_FA3_CODE
 from .probes.unfused import FP8_EMULATION_CODE
 from .reasons import BACKENDS, FLASH_FLAVOURS, ProbeResult, Reason
+from .switches import check_switches, nvte_emulate_fp8, nvte_int, switch
 
 #: Names accepted by ``force=``/``prefer()`` -> canonical candidate or flash flavour.
 ALIASES = {
@@ -48,11 +51,13 @@ def canonical(name: str) -> str:
 
 
 def _flag(environ: Mapping[str, str], var: str, default: str = "1") -> bool:
-    raw = environ.get(var, default)
-    try:
-        return bool(int(raw))
-    except ValueError:
-        raise ValueError(f"{var}={raw!r} is not valid: expected 0 or 1") from None
+    """A switch as its owner parses it: TE's ``NVTE_*`` as TE 2.20.2 does (``int()``), ours
+    exactly ``0``/``1`` (:mod:`te_fl_attention.switches`)."""
+    if var == "NVTE_UnfusedDPA_Emulate_FP8":
+        return nvte_emulate_fp8(environ)
+    if var.startswith("NVTE_"):
+        return nvte_int(var, environ, default)
+    return switch(var, environ)
 
 
 def _candidate(name: str) -> str:
@@ -104,7 +109,7 @@ class Policy:
             fa4=flash and _flag(values, "NVTE_FLASH_ATTN_V4"),
             fused=_flag(values, "NVTE_FUSED_ATTN"),
             unfused=_flag(values, "NVTE_UNFUSED_ATTN"),
-            triton=flash and _flag(values, "TE_FL_ATTN_TRITON"),
+            triton=_flag(values, "TE_FL_ATTN_TRITON") and flash,
             unfused_fp8_emulation=_flag(values, "NVTE_UnfusedDPA_Emulate_FP8", "0"),
             force=values.get("TE_FL_ATTN_FORCE") or None,
             prefer=raw[-1] + prefer,
@@ -183,10 +188,13 @@ class Policy:
                 reasons: tuple[Reason, ...] = (why, *result.reasons)
             elif supported:
                 reasons = ()
-            else:  # every flavour refused: keep the probe's reasons, add the policy's own
+            else:  # every flavour refused: keep the probe's reasons, add the policy's own;
+                # a forced flavour's own reasons first (why *it* cannot run)
+                forced = [x for v in variants if v.backend == self.force for x in v.reasons
+                          if x.code != "policy.not_forced"]  # fmt: skip
                 extra = [v.reasons[0] for v in variants if v.reasons and v.reasons[0].stage
-                         == "policy"]  # fmt: skip
-                reasons = (*extra, *result.reasons)
+                         == "policy" and v.backend != self.force]  # fmt: skip
+                reasons = _unique((*forced, *extra, *result.reasons))
             return dataclasses.replace(result, supported=supported and why is None,
                                        reasons=reasons, variants=tuple(variants))  # fmt: skip
         why = self._disabled(result.backend)
@@ -241,4 +249,14 @@ def prefer(*names: str) -> Iterator[None]:
         _PREFER.reset(token)
 
 
-__all__ = ["Policy", "prefer", "canonical", "BACKENDS"]
+__all__ = ["Policy", "prefer", "canonical", "BACKENDS", "switch", "nvte_int", "check_switches"]
+
+
+def _unique(reasons: tuple[Reason, ...]) -> tuple[Reason, ...]:
+    """``reasons`` without repeats, in order; by equality, not hash (a reason read back from
+    JSON may hold a list in ``observed``/``limit``)."""
+    out: list[Reason] = []
+    for r in reasons:
+        if r not in out:
+            out.append(r)
+    return tuple(out)

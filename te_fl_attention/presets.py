@@ -30,10 +30,11 @@ _COMMON: dict[str, Any] = dict(
 
 
 def preset(name: str, *, seqlen: int | None = None, batch: int | None = None) -> dict[str, Any]:
-    """Config keyword arguments for a named model shape."""
-    if name not in PRESETS:
+    """Config keyword arguments for a named model shape (the name in any case)."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in PRESETS:
         raise ValueError(f"preset={name!r} is not known; allowed: {', '.join(sorted(PRESETS))}")
-    kw = {**_COMMON, **PRESETS[name]}
+    kw = {**_COMMON, **PRESETS[key]}
     if seqlen is not None:
         kw["max_seqlen_q"] = seqlen
     kw["max_seqlen_kv"] = kw["max_seqlen_q"]

@@ -230,9 +230,21 @@ class NoBackendError(RuntimeError):
     def __init__(self, decision: Decision, message: str | None = None):
         self.decision = decision
         if message is None:
-            lines = [f"no attention backend supports this config on {decision.device.name}:"]
+            force = (decision.policy or {}).get("force")
+            head = f"no attention backend supports this config on {decision.device.name}"
+            if force:
+                head += f" (force={force})"
+            lines = [head + ":"]
             for r in decision.results:
                 for reason in r.reasons:
                     lines.append(f"  {r.display_name}: [{reason.stage}] {reason.message}")
+                shown = {(x.code, x.message) for x in r.reasons}
+                for v in r.variants:  # a flavour's own reasons (a forced FA3's "not installed")
+                    if force in FLASH_FLAVOURS and v.backend != force:
+                        continue
+                    for reason in v.reasons:
+                        if (reason.code, reason.message) not in shown:
+                            lines.append(f"  {v.display_name}: [{reason.stage}] "
+                                         f"{reason.message}")  # fmt: skip
             message = "\n".join(lines)
         super().__init__(message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,184 @@ def test_device_command():
     assert data["sm"] == 90 and data["cudnn"] == "9.10.2" and data["memory_gib"] == 141.0
     p = run("device", "--list")
     assert "b200" in p.stdout and p.returncode == 0
+
+
+# ----------------------------------------------------------------- issue 12: input validation
+def _err(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout[-400:], p.stderr[-400:])
+    assert "Traceback" not in p.stderr
+    return p.stderr
+
+
+@pytest.mark.parametrize("content, what", [
+    ("null", "null"), ("42", "a number"), ("[1,2]", "an array"), ('"ab"', "a string"),
+    ('[["num_heads",8]]', "an array"), ("[" * 100_000 + "]" * 100_000, "nested more than"),
+    ('{"dropout": NaN}', "strict JSON"), ('{"num_heads": "8"}', "num_heads='8'")],
+    ids=["null", "number", "array", "string", "pairs", "deep", "nan", "wrong-type"])
+def test_config_file_must_hold_a_json_object(tmp_path, content, what):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(content)
+    assert what in _err(run("explain", "--config", str(cfg), "--device", "h100"))
+
+
+def test_config_file_bounded_and_regular(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text('{"num_heads": 8' + " " * (1 << 20) + "}")
+    assert "larger than" in _err(run("explain", "--config", str(big), "--device", "h100"))
+    assert "not a regular file" in _err(run("explain", "--config", "/dev/zero"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in _err(run("explain", "--config", str(fifo)))
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--seqlen", "99999999999999999999"], "max_seqlen_q=99999999999999999999"),
+    (["--batch", "9" * 26], "batch_size=" + "9" * 26),
+    (["--num-heads", "70000", "--num-gqa-groups", "1"], "num_heads=70000"),
+    (["--head-dim-qk", "2048"], "head_dim_qk=2048"),
+    (["--dropout", "1.0"], "dropout=1.0"), (["--softcap", "1e999"], "softcap=inf")])
+def test_huge_numbers_exit_2_naming_field_value_and_range(argv, field):
+    err = _err(run("explain", "--device", "h100", *argv))
+    assert field in err and "expected" in err and "cudnn" not in err.lower()
+
+
+@pytest.mark.parametrize("argv", [["--seqlen", "١٢٨"], ["--dropout", "nan"], ["--seqlen", "1e3"]])
+def test_numbers_are_ascii_and_finite(argv):
+    _err(run("explain", "--device", "h100", *argv))
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--seqlen", "4096", "--max-seqlen-q", "1024"], "--seqlen 4096 conflicts with --max-seqlen-q"),
+    (["--batch", "2", "--batch-size", "4"], "--batch 2 conflicts with --batch-size 4")])
+def test_conflicting_flags_are_an_error(argv, text):
+    assert text in _err(run("explain", "--device", "h100", *argv))
+    p = run("explain", "--device", "h100", "--seqlen", "512", "--max-seqlen-q", "512", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["config"]["max_seqlen_kv"] == 512
+
+
+@pytest.mark.parametrize("var, raw", [
+    ("TE_FL_ATTN_CUDNN_PROBE", "false"), ("TE_FL_ATTN_CACHE_READONLY", "maybe"),
+    ("TE_FL_ATTN_TRITON", "2"), ("TE_FL_ATTN_VERIFY", "-1"), ("TE_FL_ATTN_MEASURE", "1 "),
+    ("TE_FL_ATTN_SEED_ENV", "١"), ("NVTE_FUSED_ATTN", "abc")])
+def test_bad_switch_exits_2_naming_it(var, raw):
+    err = _err(run("explain", "--device", "h100", env={var: raw}))
+    assert var in err and ascii(raw) in err
+
+
+def test_nvte_parsed_as_te_parses_it():
+    p = run("explain", "--device", "h100", "--json", env={"NVTE_FUSED_ATTN": " 0"})
+    assert p.returncode == 0 and json.loads(p.stdout)["chosen"] != "fused"
+
+
+def test_every_config_flag_help_lists_allowed_values():
+    out = run("explain", "--help").stdout
+    for text in ("--seqlen N", "[1, 2147483647]", "--dtype NAME", "fp8_e4m3", "--qkv-layout",
+                 "thd_thd_thd", "--num-heads N", "65536", "[0, 1)", "--softmax-type", "learnable",
+                 "llama3-8b", "h100"):  # fmt: skip
+        assert text in out, text
+
+
+def test_version_and_full_description():
+    from te_fl_attention import __version__
+
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"te-fl-attn {__version__}"
+    out = run("--help").stdout
+    assert "manage the probe cache" in out and "Exit codes" in out
+
+
+def test_explain_honours_te_fl_attn_device():
+    p = run("explain", "--json", env={"TE_FL_ATTN_DEVICE": "a100"})
+    assert p.returncode == 0 and json.loads(p.stdout)["device"]["name"] == "a100"
+    p = run("explain", "--device", "h100", "--json", env={"TE_FL_ATTN_DEVICE": "a100"})
+    assert json.loads(p.stdout)["device"]["name"] == "h100"
+    assert "TE_FL_ATTN_DEVICE" in _err(run("explain", env={"TE_FL_ATTN_DEVICE": "h999"}))
+
+
+def test_matrix_takes_device_and_says_rule_stage():
+    p = run("matrix", "--device", "h100:cudnn=9.10.2")
+    assert p.returncode == 0 and "h100:cudnn=9.10.2 (sm90)" in p.stdout
+    assert "a100" not in p.stdout.split("####")[1] and "rule stage" in p.stdout
+    assert "rule stage" in run("matrix", "--help").stdout
+    assert "h999" in _err(run("matrix", "--device", "h999"))
+
+
+def test_force_unavailable_lists_its_own_reasons():
+    p = run("explain", "--device", "h100", "--force", "FA3")
+    assert p.returncode == 3
+    assert "FlashAttention 3 (flash-attn-3) is not assumed installed" in p.stdout
+    assert "force=fa3 and FlashAttention 3 cannot run this config" in p.stdout
+    data = json.loads(run("explain", "--device", "h100", "--force", "fa3", "--json").stdout)
+    flash = next(r for r in data["results"] if r["backend"] == "flash")
+    assert flash["reasons"][0]["code"] == "fa3.not_installed"
+
+
+# ------------------------------------------------------------------------- issue 12: hints
+def _hints(data: dict) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in data["results"]:
+        for x in (r, *r["variants"]):
+            out[x["backend"]] = [y["hint"] for y in x["reasons"]]
+    return out
+
+
+def test_catalog_hints_name_the_override_not_a_local_install():
+    hints = _hints(json.loads(run("explain", "--device", "h100", "--json").stdout))
+    assert hints["fa4"] == ["a what-if answer changes with the device, not a local install: "
+                            "--device h100:flash_attn_4=4.0.0b36"]
+    assert all("pip install" not in (h or "") for hs in hints.values() for h in hs)
+    hints = _hints(json.loads(run("explain", "--device", "h100:FA4=none", "--json").stdout))
+    assert hints["fa4"] == [None]  # the user said none: no install hint
+    assert "--device h100:flash_attn_4=none,flash_attn_3=3.0.0b1" in hints["fa3"][0]
+
+
+def test_no_empty_reason_cell():
+    # every flash flavour refused by its own rules: the parent row says so
+    p = run("explain", "--device", "a100", "--head-dim-qk", "320", "--num-heads", "4")
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("│ FlashAttention "))
+    assert "refused" in row and "no flavour can run it" in row
+
+
+# ------------------------------------------------------- issue 12: terminal and JSON output
+def _hostile_decision():
+    import dataclasses as dc
+
+    from te_fl_attention.config import FusedAttnConfig
+    from te_fl_attention.device import profile
+    from te_fl_attention.policy import Policy
+    from te_fl_attention.reasons import Reason
+    from te_fl_attention.selector import Selector
+
+    d = Selector().decide(FusedAttnConfig(), profile("h100"), Policy(triton=False))
+    evil = Reason("x.evil", "bad \x1b]0;pwned\x07 \x1b[31mred\x1b[0m \x9b2J \ud800 end",
+                  hint="\udfff\x00")  # fmt: skip
+    results = tuple(dc.replace(r, supported=False, reasons=(evil,), elapsed_ms=float("nan"),
+                               detail={"x": float("inf"), "\ud801": "\udc00"})
+                    if r.backend == "unfused" else r for r in d.results)  # fmt: skip
+    dev = dc.replace(d.device, name="h100\x1b[2J")
+    return dc.replace(d, results=results, device=dev)
+
+
+def test_text_output_escapes_control_sequences_and_survives_surrogates():
+    import io
+
+    from te_fl_attention import render
+
+    buf = io.StringIO()
+    render.render(_hostile_decision(), file=buf)
+    text = buf.getvalue()
+    text.encode("utf-8")  # no lone surrogate left
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert "\\x1b]0;pwned\\x07" in text and "\\ud800" in text
+
+
+def test_json_output_is_strict():
+    from te_fl_attention import render
+
+    text = render.to_json(_hostile_decision())
+    text.encode("utf-8")
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
+    assert "\\ud8" not in text.lower()  # no escaped lone surrogate
+    unfused = next(r for r in data["results"] if r["backend"] == "unfused")
+    assert unfused["elapsed_ms"] is None and unfused["detail"]["x"] is None

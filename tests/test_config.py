@@ -196,9 +196,10 @@ def test_num_tokens_bucketed_for_thd_and_dropped_otherwise():
         (dict(cp_comm_type="ring", cp_size=2), "cp_comm_type='ring'"),
         (dict(softmax_scale=0.0), "softmax_scale"),
         (dict(num_splits=0), "num_splits=0"),
-        (dict(num_tokens_q=-1), "num_tokens_q=-1 is not valid: expected an integer >= 0"),
+        (dict(num_tokens_q=-1),
+         "num_tokens_q=-1 is not valid: expected an integer in [0, 2147483647]"),
         (dict(num_tokens_kv=-5, qkv_layout="thd_thd_thd", attn_mask_type="padding"),
-         "num_tokens_kv=-5 is not valid: expected an integer >= 0"),
+         "num_tokens_kv=-5 is not valid: expected an integer in [0, 2147483647]"),
         (dict(num_tokens_q=True), "num_tokens_q=True"),
         (dict(num_tokens_q=12.5), "num_tokens_q=12.5"),
         (dict(num_tokens_kv="1024"), "num_tokens_kv='1024'"),
@@ -286,6 +287,75 @@ def test_valid_configs_round_trip_and_keep_their_key(kw):
     assert again == c and again.key() == c.key()
     assert C.from_json(c.to_json()) == c
     assert C(**c.to_dict()) == c  # normalization is idempotent
+
+
+def _json_key(c: C) -> str:
+    """The key as json.dumps defines it (the reference the orjson fast path must equal)."""
+    import hashlib
+
+    return hashlib.sha256(c._canonical_json().encode()).hexdigest()
+
+
+_FLOATS = st.one_of(st.sampled_from([0.0, 1e-05, 0.0001, 9.99e-05, 1e16, 9999999999999998.0,
+                                     1e30, 0.5, 0.125]),
+                    st.floats(0.0, 1e30, exclude_min=True), st.floats(1e-12, 1e-3))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(_valid_kwargs(), _FLOATS, _FLOATS, st.floats(0.0, 0.999))
+def test_fast_key_equals_the_json_key(kw, scale, softcap, dropout):
+    """``key()``'s orjson path hashes exactly json.dumps' bytes (floats with an exponent, which
+    the two write differently, fall back to json)."""
+    from te_fl_attention.config import _fast_canonical
+
+    kw = {**kw, "softmax_scale": scale, "softcap": softcap, "dropout": dropout}
+    try:
+        c = C(**kw)
+    except ValueError:
+        return
+    fast = _fast_canonical(c)
+    assert fast is None or fast == c._canonical_json().encode()
+    if all("e" not in repr(v) for v in (c.softmax_scale or 0.0, c.softcap, c.dropout)):
+        assert fast is not None  # the fast path is taken for ordinary configs
+    assert c.key() == _json_key(c) == _json_key(C(**c.to_dict()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([f for f in C.__dataclass_fields__]),
+       st.one_of(st.text(max_size=8), st.floats(allow_nan=True, allow_infinity=True),
+                 st.integers(-(2**70), 2**70), st.tuples(st.integers(-(2**70), 2**70)),
+                 st.tuples(st.floats(allow_nan=False)), st.booleans(), st.none()))
+def test_fast_key_never_differs_even_off_validation(name, value):
+    """A field holding what validation would refuse (non-ASCII or control characters, DEL,
+    NaN, huge ints, tuples of floats): the fast path falls back or writes json's bytes."""
+    import math
+
+    from te_fl_attention.config import _fast_canonical
+
+    c = C()
+    object.__setattr__(c, name, value)
+    fast = _fast_canonical(c)
+    if isinstance(value, float) and not math.isfinite(value):
+        assert fast is None
+        return
+    if isinstance(value, tuple) and any(isinstance(x, float) and not math.isfinite(x)
+                                        for x in value):  # fmt: skip
+        assert fast is None
+        return
+    assert fast is None or fast == c._canonical_json().encode()
+
+
+def test_fast_key_fallbacks():
+    from te_fl_attention.config import _fast_canonical
+
+    for name, value in (("dtype", "bf16\u00e9"), ("dtype", "a\x7f"), ("dtype", 'a"b'),
+                        ("dtype", "a\\b"), ("dtype", "a\nb"), ("dropout", 1e-05),
+                        ("softcap", 1e16), ("batch_size", 2**64), ("window_size", (1.5, 2))):
+        c = C()
+        object.__setattr__(c, name, value)
+        fast = _fast_canonical(c)
+        assert fast is None or fast == c._canonical_json().encode(), (name, value)
+    assert _fast_canonical(C()) == C()._canonical_json().encode()
 
 
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-5, 5000), st.floats(allow_nan=True),
@@ -382,3 +452,141 @@ def test_from_tensors_bshd_and_thd():
     c = C.from_tensors(t, k, k, qkv_format="thd", cu_seqlens_q=cu,
                        cu_seqlens_kv=torch.tensor([0, 700, 1400, 2000], dtype=torch.int32))
     assert (c.num_tokens_q, c.num_tokens_kv, c.max_seqlen_kv) == (1024, 2048, 700)
+
+
+# ----------------------------------------------------------------- issue 12: input validation
+from te_fl_attention import config as _config  # noqa: E402
+from te_fl_attention import device as _device  # noqa: E402
+
+# Issue 12's names are looked up inside the tests, so each test fails on its own on older code.
+RANGES = getattr(_config, "RANGES", {"batch_size": (1, 2**31 - 1, ""),
+                                     "max_seqlen_q": (1, 2**31 - 1, ""),
+                                     "max_seqlen_kv": (1, 2**31 - 1, ""),
+                                     "num_heads": (1, 2**16, ""), "head_dim_qk": (1, 1024, ""),
+                                     "head_dim_v": (1, 1024, ""), "cp_size": (1, 2**16, ""),
+                                     "num_splits": (1, 2**16, "")})  # fmt: skip
+
+
+def parse_json_object(text, what):
+    return _config.parse_json_object(text, what)
+
+
+def ranges_table():
+    return _config.ranges_table()
+
+
+class _Switches:
+    def __getattr__(self, name):
+        import importlib
+
+        return getattr(importlib.import_module("te_fl_attention.switches"), name)
+
+
+_switches = _Switches()
+
+
+@pytest.mark.parametrize("name", ["batch_size", "max_seqlen_q", "max_seqlen_kv", "num_heads",
+                                  "head_dim_qk", "head_dim_v", "cp_size", "num_splits"])
+def test_every_numeric_field_has_a_range_named_in_the_error(name):
+    lo, hi, _ = RANGES[name]
+    for bad in (hi + 1, 10**20, lo - 1):
+        kw = {name: bad}
+        if name == "num_heads":
+            kw["num_gqa_groups"] = 1
+        with pytest.raises(ValueError) as err:
+            FusedAttnConfig(**kw)
+        text = str(err.value)
+        assert name in text and str(bad)[:15] in text and f"[{lo}, {hi}]" in text
+
+
+def test_ranges_table_lists_every_field():
+    table = ranges_table()
+    assert all(f"`{name}`" in table for name in RANGES)
+    assert "2147483647" in table and "65536" in table and "1024" in table
+
+
+@pytest.mark.parametrize("text, what", [
+    ("null", "null"), ("42", "a number"), ("[1,2]", "an array"), ('"ab"', "a string"),
+    ('[["num_heads",8]]', "an array"), ("true", "a boolean")])
+def test_config_must_be_a_json_object(text, what):
+    with pytest.raises(ValueError, match=f"must hold a JSON object.*not {what}"):
+        parse_json_object(text, "--config c.json")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[" * 100_000 + "]" * 100_000, "nested more than"),
+    ('{"a":' * 40 + "1" + "}" * 40, "nested more than"),
+    ('{"dropout": NaN}', "strict JSON"), ('{"softcap": Infinity}', "strict JSON"),
+    ('{"num_heads": 8, "num_heads": 16}', "appears twice"), ("{", "not valid JSON")],
+    ids=["deep-array", "deep-object", "nan", "infinity", "duplicate", "truncated"])
+def test_config_json_is_strict_and_depth_limited(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse_json_object(text, "--config c.json")
+
+
+def test_names_are_case_insensitive():
+    c = FusedAttnConfig(dtype="BF16", qkv_layout="BSHD_BSHD_BSHD", attn_mask_type="Causal")
+    assert (c.dtype, c.qkv_layout, c.attn_mask_type) == ("bf16", "bshd_bshd_bshd", "causal")
+    assert _device.profile("H100:CUDNN=9.10.2,FA4=4.0.0").flash_attn_4 == "4.0.0"
+    from te_fl_attention.policy import canonical
+    from te_fl_attention.presets import preset
+
+    assert canonical("FA3") == "fa3" and canonical("FusedAttention") == "fused"
+    assert preset("LLAMA3-8B")["num_heads"] == 32
+
+
+@pytest.mark.parametrize("spec, field", [
+    ("h100:cudnn=banana", "cudnn"), ("h100:sm=-5", "sm"), ("h100:sm=91", "sm"),
+    ("h100:sm_count=-1", "sm_count"), ("h100:sm_count=0", "sm_count"),
+    ("h100:memory_gib=-3", "memory_gib"), ("h100:memory_gib=nan", "memory_gib"),
+    ("h100:flash_attn_4=", "flash_attn_4"), ("h100:bogus=1", "bogus"),
+    ("h100:cudnn=9.10.2,cudnn=9.1.0", "cudnn"), (":cudnn=9.10.2", "device"),
+    ("h100:sm=١٠٠", "sm")])
+def test_device_overrides_are_parsed_and_range_checked(spec, field):
+    with pytest.raises(ValueError) as err:
+        _device.profile(spec)
+    assert field in str(err.value)
+
+
+def test_device_overrides_accepted():
+    d = _device.profile("h100:sm=100,sm_count=148,memory_gib=180,fa3=none,te=2.20.2")
+    assert (d.sm, d.sm_count, d.memory_gib, d.flash_attn_3) == (100, 148, 180.0, None)
+
+
+@pytest.mark.parametrize("raw", ["2", "-1", "1 ", " 0", "false", "true", "maybe", "", "١",
+                                 "\x1b[0m", "01"])
+def test_our_switches_accept_exactly_0_or_1(raw):
+    for var in ("TE_FL_ATTN_TRITON", "TE_FL_ATTN_VERIFY", "TE_FL_ATTN_MEASURE",
+                "TE_FL_ATTN_CUDNN_PROBE", "TE_FL_ATTN_CACHE_READONLY", "TE_FL_ATTN_SEED_ENV"):
+        with pytest.raises(ValueError) as err:
+            _switches.switch(var, {var: raw})
+        assert var in str(err.value) and "exactly 0 or 1" in str(err.value)
+        assert "\x1b" not in str(err.value)
+    assert _switches.switch("TE_FL_ATTN_VERIFY", {"TE_FL_ATTN_VERIFY": "1"}) is True
+    assert _switches.switch("TE_FL_ATTN_CUDNN_PROBE", {}) is True
+
+
+@pytest.mark.parametrize("raw, on", [("1", True), ("0", False), (" 1", True), ("2", True),
+                                     ("-1", True), ("00", False), ("١", True)])
+def test_nvte_switches_parse_as_te_parses_them(raw, on):
+    # TE 2.20.2 utils.py: int(os.environ.get("NVTE_FLASH_ATTN", "1")), truthy when non-zero.
+    assert _switches.nvte_int("NVTE_FLASH_ATTN", {"NVTE_FLASH_ATTN": raw}) is on
+    assert _switches.nvte_int("NVTE_FLASH_ATTN", {"NVTE_FLASH_ATTN": raw}) is bool(int(raw))
+
+
+@pytest.mark.parametrize("raw", ["abc", "", "1.0", "true"])
+def test_nvte_switches_te_cannot_read_raise(raw):
+    with pytest.raises(ValueError) as err:
+        int(raw)  # what TE does
+    with pytest.raises(ValueError, match="NVTE_FUSED_ATTN=.*TransformerEngine 2.20.2"):
+        _switches.nvte_int("NVTE_FUSED_ATTN", {"NVTE_FUSED_ATTN": raw})
+    assert err.value
+
+
+def test_readme_lists_the_ranges_and_env_rules():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ranges_table() in text  # regenerate the table from config.ranges_table()
+    assert "exactly as TE 2.20.2 parses them" in text and "exactly the ASCII strings `0` and `1`" \
+        in text

@@ -26,7 +26,8 @@ Read by ``SelectionPolicy.from_env`` (once per policy, not per call):
   ``vendor:NAME``, ``impl:ID``. The list replaces the default order for that op: implementations
   no token matches are not candidates, not even for fallback (as in TE-FL).
 - ``TE_FL_PLUGIN_MODULES``: comma list of modules to import (read by ``discover_plugins``).
-- ``TEFL_LOG_LEVEL``: level name for the ``te_fl_attention.registry`` logger.
+- ``TEFL_LOG_LEVEL``: level name for the ``te_fl_attention`` loggers (registry, plugin, and
+  each new attention decision at INFO).
 
 Ordering
 --------
@@ -826,14 +827,18 @@ def discover_plugins(
 
 
 def configure_logging(environ: Mapping[str, str] | None = None) -> None:
-    """Apply ``TEFL_LOG_LEVEL`` to the registry logger (stderr handler if nothing logs yet)."""
+    """Apply ``TEFL_LOG_LEVEL`` to the package logger ``te_fl_attention`` (the registry's, the
+    plugin's and each new attention decision's at INFO) and the registry logger; a stderr
+    handler on ``te_fl_attention`` if nothing logs yet."""
     env = os.environ if environ is None else environ
     raw = env.get("TEFL_LOG_LEVEL", "")
     if not raw.strip():
         return
     name = _choice("TEFL_LOG_LEVEL", raw, (n.lower() for n in LOG_LEVELS)).upper()
     logger.setLevel(name)
-    if not logger.handlers and not logging.getLogger().handlers:
+    package = logging.getLogger("te_fl_attention")
+    package.setLevel(name)
+    if not logger.handlers and not package.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(name)s %(levelname)s] %(message)s"))
-        logger.addHandler(handler)
+        package.addHandler(handler)

@@ -58,6 +58,34 @@ from ..reasons import Decision, NoBackendError
 from ..selector import Selector
 
 logger = logging.getLogger("te_fl_attention.plugin")
+#: Where each new decision is logged (INFO): ``TEFL_LOG_LEVEL=INFO`` shows it.
+decision_logger = logging.getLogger("te_fl_attention")
+
+
+def decision_line(decision: Decision) -> str:
+    """One log line: the config, the device, the chosen backend and the first reason of each
+    refused candidate (flash flavours included)."""
+    c = decision.config
+    shape = (f"b={c.batch_size} s_q={c.max_seqlen_q} s_kv={c.max_seqlen_kv} "
+             f"h={c.num_heads}/{c.num_gqa_groups} d={c.head_dim_qk}/{c.head_dim_v} {c.dtype} "
+             f"{c.qkv_layout} {c.attn_mask_type}")  # fmt: skip
+    if decision.chosen is None:
+        chosen = "none"
+    else:
+        chosen = decision.chosen_result.display_name  # type: ignore[union-attr]
+        if decision.flash_variant:
+            chosen += f" ({decision.flash_variant})"
+    refused, seen = [], set()
+    for r in decision.results:
+        for x in (*r.variants, r):  # flavours first: the parent's reason is often theirs
+            if not x.supported and x.reasons and x.reasons[0].message not in seen:
+                seen.add(x.reasons[0].message)
+                refused.append(f"{x.display_name}: {x.reasons[0].message}")
+    text = (f"attention decision on {decision.device.name}: {chosen} for {shape} "
+            f"(config {c.key()[:12]}, source {decision.source})")
+    if refused:
+        text += "; refused: " + "; ".join(refused)
+    return text
 
 #: The version string TE sees when our Triton kernel runs in TE's flash path.
 TRITON_VERSION = f"{__version__}+tefl.triton"
@@ -289,6 +317,7 @@ class TEBackend:
         self._translate: Callable[[int], Any] | None = None
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._logged: set[tuple] = set()
         self.stats = {"hits": 0, "misses": 0, "traced": 0}
         self._agree_pending = True
 
@@ -333,7 +362,9 @@ class TEBackend:
         env = key[2] if key is not None else env_key()
         policy = _policy_from_key(env)
         config = FusedAttnConfig.from_attention_params(params)
-        value = self.translate(self._decide(config, policy), policy)
+        decision = self._decide(config, policy)
+        value = self.translate(decision, policy)
+        self._log_decision(decision)
         if key is not None:
             with self._lock:
                 if len(self._memo) >= self._memo_size:
@@ -404,6 +435,20 @@ class TEBackend:
             return str(Version(text)) if text else f"{flavour[-1]}"
         except ValueError:
             return f"{flavour[-1]}"
+
+    def _log_decision(self, decision: Decision) -> None:
+        """Each new decision once, at INFO on the ``te_fl_attention`` logger: the chosen
+        backend and the first reason of each refused candidate (memo misses only)."""
+        if not decision_logger.isEnabledFor(logging.INFO) or _is_compiling():
+            return
+        key = (decision.config.key(), decision.chosen, decision.flash_variant,
+               tuple(sorted(decision.policy.items())) if decision.policy else ())
+        if key in self._logged:
+            return
+        if len(self._logged) >= 4096:
+            self._logged.clear()
+        self._logged.add(key)
+        decision_logger.info("%s", decision_line(decision))
 
     def _warn_none(self, decision: Decision) -> None:
         if _is_compiling():

@@ -36,8 +36,9 @@ import torch
 
 from ..device import DeviceProfile, profile
 from ..selector import Selector
+from ..switches import check_switches, switch
 from .flash_attention import FlashAttentionRouter
-from .registry import OpManager, OpRegistry, SelectionPolicy, discover_plugins
+from .registry import OpManager, OpRegistry, SelectionPolicy, configure_logging, discover_plugins
 from .selection import _CURRENT, TEBackend, current, env_defaults, set_current, te_version
 
 logger = logging.getLogger("te_fl_attention.plugin")
@@ -259,6 +260,11 @@ def _make_manager(native: types.ModuleType) -> OpManager:
 
 
 def _make_backend(device: DeviceProfile | str | None, selector: Selector | None) -> TEBackend:
+    """The backend for ``device`` (``TE_FL_ATTN_DEVICE`` when not given). A malformed switch
+    (``TE_FL_ATTN_*`` not exactly 0/1) raises ``ValueError`` here, naming it: TE raises on
+    an ``NVTE_*`` it cannot read too, and plugin loading then fails with TE's own warning."""
+    check_switches()
+    configure_logging()
     if device is None:
         device = os.environ.get("TE_FL_ATTN_DEVICE") or None
     if selector is None:
@@ -283,7 +289,7 @@ def _default_backend() -> TEBackend:
 
 def _seed_environment() -> dict[str, str]:
     """Write each unset policy variable's default (``TE_FL_ATTN_SEED_ENV=0`` opts out)."""
-    if os.environ.get("TE_FL_ATTN_SEED_ENV", "1") == "0":
+    if not switch("TE_FL_ATTN_SEED_ENV", os.environ):
         return {}
     seeded = {}
     for name, value in env_defaults().items():

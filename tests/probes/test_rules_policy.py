@@ -221,3 +221,37 @@ def test_rule_names_are_unique_per_module():
     for where, rules in RULE_TUPLES.items():
         names = [r.__name__ for r in rules]
         assert len(names) == len(set(names)), where
+
+
+# ------------------------------------------------------------- issue 12: env parsing, force
+@pytest.mark.parametrize("var", ["TE_FL_ATTN_TRITON", "TE_FL_ATTN_VERIFY", "TE_FL_ATTN_MEASURE"])
+@pytest.mark.parametrize("raw", ["2", "-1", "1 ", "false", "maybe", "١", ""])
+def test_policy_our_switches_are_strict(var, raw):
+    with pytest.raises(ValueError) as err:
+        Policy.from_env({var: raw})
+    assert var in str(err.value) and ascii(raw) in str(err.value)
+    assert "0 or 1" in str(err.value)
+
+
+def test_policy_nvte_switches_as_te_parses_them():
+    assert Policy.from_env({"NVTE_FUSED_ATTN": " 0"}).fused is False  # int(" 0") == 0
+    assert Policy.from_env({"NVTE_FUSED_ATTN": "2"}).fused is True  # truthy, as in TE
+    assert Policy.from_env({"NVTE_FLASH_ATTN": "0", "NVTE_FLASH_ATTN_V2": "abc"}).fa2 is False
+    with pytest.raises(ValueError, match="NVTE_UNFUSED_ATTN='abc'.*TransformerEngine 2.20.2"):
+        Policy.from_env({"NVTE_UNFUSED_ATTN": "abc"})
+    # TE compares NVTE_UnfusedDPA_Emulate_FP8 with "1" (a string compare)
+    assert Policy.from_env({"NVTE_UnfusedDPA_Emulate_FP8": "1"}).unfused_fp8_emulation
+    assert not Policy.from_env({"NVTE_UnfusedDPA_Emulate_FP8": " 1"}).unfused_fp8_emulation
+
+
+def test_force_unavailable_flavour_lists_its_own_reasons():
+    d = Selector().decide(C(), profile("h100"), Policy(), force="fa3")
+    assert d.chosen is None
+    flash = d.result("flash")
+    assert flash.reasons[0].code == "fa3.not_installed"
+    with pytest.raises(NoBackendError) as err:
+        Selector().select(C(), profile("h100"), Policy(), force="FA3")
+    text = str(err.value)
+    assert "force=fa3" in text
+    assert "FlashAttention 3 (flash-attn-3) is not assumed installed" in text
+    assert "FlashAttention 4 (flash-attn-4)" not in text  # not the forced one

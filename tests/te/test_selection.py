@@ -291,3 +291,32 @@ def test_representative_is_small_and_exact() -> None:
     preds = shape_predicates(3, 16, 1, 4096)
     b, sq, skv = representative(16, preds)
     assert shape_predicates(b, 16, sq, skv) == preds and sq == 1 and skv % 256 == 0
+
+
+# ------------------------------------------------------------ issue 12: what did my job run
+def test_each_new_decision_logged_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    backend = TEBackend(Selector(default_probes(graph=False)), "h100")
+    with caplog.at_level(logging.INFO, "te_fl_attention"):
+        backend(Params(qkv_dtype=torch.float32))
+        backend(Params(qkv_dtype=torch.float32))  # a memo hit: no new line
+        backend.clear()
+        backend(Params(qkv_dtype=torch.float32))  # decided again: the same decision
+        backend(Params())  # a new decision
+    lines = [r for r in caplog.records if r.name == "te_fl_attention"]
+    assert len(lines) == 2 and all(r.levelno == logging.INFO for r in lines)
+    first = lines[0].getMessage()
+    assert "attention decision on h100:" in first and "for b=2 s_q=128" in first
+    assert "refused: FusedAttention: qkv_dtype = fp32 is not supported" in first
+    assert "FlashAttention 2: qkv_dtype = fp32" in first
+    assert "FusedAttention for" in lines[1].getMessage()
+
+
+def test_malformed_switch_fails_plugin_loading_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_fl_attention.plugin import te
+
+    monkeypatch.setenv("TE_FL_ATTN_SEED_ENV", "true")
+    with pytest.raises(ValueError, match="TE_FL_ATTN_SEED_ENV='true' is not valid: expected "
+                       "exactly 0 or 1"):  # fmt: skip
+        te._make_backend("h100", Selector(default_probes(graph=False)))
