@@ -16,6 +16,7 @@ from typing import Any
 from .config import FusedAttnConfig
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_BACKEND = 0, 2, 3
+EXIT_WRITE_FAILED = 1  # the --html report could not be written (nothing partial is left)
 DEFAULT_DEVICES = "a100,h100,h200,b200"
 
 
@@ -154,6 +155,13 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from .fleet import plan
     from .policy import Policy
 
+    if args.html:  # checked before the work: a bad path is an error now, not after planning
+        from .cache._files import OutputPathError, check_output_path
+
+        try:
+            check_output_path(args.html)
+        except OutputPathError as exc:
+            raise ValueError(f"--html: {exc}") from None
     configs = load_configs(args.configs, args.preset or [], args.seqlen, args.batch)
     devices = parse_devices(args.devices)
     prefer = tuple(p for p in (args.prefer or "").split(",") if p)
@@ -163,7 +171,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.html:
         from .fleet_report import write_html
 
-        write_html(result, args.html, uniform=args.uniform)
+        try:
+            write_html(result, args.html, uniform=args.uniform)
+        except OSError as exc:
+            print(f"te-fl-attn: error: cannot write {args.html}: {exc.strerror or exc}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_WRITE_FAILED
     if args.json:
         print(json.dumps(result.to_dict(uniform=args.uniform), indent=2))
     else:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import _files
 from .keys import KNOWN_BACKENDS, is_hex64
 from .store import CacheRow, MemoryCache, ProbeCache, default_cache
 
@@ -36,6 +37,14 @@ def parse_duration(text: str) -> float:
             f"invalid duration {text!r}: expected a number with an optional s/m/h/d suffix (30d)"
         )
     return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _err(out: Out, text: str) -> None:
+    """An error line: to stderr when printing (stdout stays the command's output)."""
+    if out is print:
+        print(text, file=sys.stderr)
+    else:
+        out(text)
 
 
 def _is_tty(out: Out, tty: bool | None) -> bool:
@@ -183,7 +192,7 @@ def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
     """Every row of one config, by config key or a prefix of at least 8 hex characters."""
     prefix = key.strip().lower()
     if len(prefix) < 8 or len(prefix) > 64 or not is_hex64(prefix.ljust(64, "0")):
-        out(f"error: {key!r} is not a config key or a prefix of at least 8 hex characters")
+        _err(out, f"error: {key!r} is not a config key or a prefix of at least 8 hex characters")
         return 2
     rows = list(_cache(cache).iter_rows(config_prefix=prefix))
     keys = sorted({r.key.config_key for r in rows})
@@ -191,7 +200,7 @@ def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
         out(f"no cached rows for config key {prefix}")
         return 1
     if len(keys) > 1:
-        out(f"error: prefix {prefix} matches {len(keys)} configs; use more characters:")
+        _err(out, f"error: prefix {prefix} matches {len(keys)} configs; use more characters:")
         for k in keys[:20]:
             out(f"  {k}")
         return 2
@@ -235,9 +244,13 @@ def cmd_export(file: str, out: Out = print, *, device_fp: str | None = None,
     from .transfer import export
 
     try:
+        _files.check_output_path(file)  # before the work: a path that cannot be written
         n = export(_cache(cache), file, device_fp=device_fp)
+    except _files.OutputPathError as exc:
+        _err(out, f"error: {exc}")
+        return 1
     except OSError as exc:
-        out(f"error: cannot write {file}: {exc}")
+        _err(out, f"error: cannot write {file}: {exc}")
         return 1
     out(f"exported {n} rows to {file}")
     return 0
@@ -256,17 +269,46 @@ def cmd_import(file: str, out: Out = print, *, as_json: bool = False,
     """Import an export (or another store file); never overwrites stored rows."""
     from .transfer import import_
 
+    c = _cache(cache)
+    problem = _not_writable(c)
+    if problem:  # checked before reading anything
+        _err(out, f"error: cannot import into the probe cache: {problem}; nothing was imported")
+        return 1
     try:
-        report = import_(_cache(cache), file)
+        report = import_(c, file)
     except OSError as exc:
-        out(f"error: cannot read {file}: {exc}")
+        _err(out, f"error: cannot read {file}: {exc.strerror or exc}" if exc.filename
+            else f"error: cannot read {file}: {exc}")  # fmt: skip
         return 1
     if as_json:
         out(json.dumps(report.to_dict(), indent=2))
     else:
         out(str(report))
         _report_rejections(out, report.rejected)
+    if report.not_written:
+        _err(out, f"error: {report.not_written} row(s) could not be written to the probe cache "
+            f"({report.problem}); they are not imported")  # fmt: skip
+        return 1
     return 1 if report.rejected else 0
+
+
+def _not_writable(cache: Any, *, check: bool = True) -> str | None:
+    """Why rows written to ``cache`` would not reach its file, or ``None`` (opens it;
+    ``check``: also run the integrity check, quarantining a damaged store)."""
+    store = getattr(cache, "local", cache)
+    if isinstance(store, MemoryCache):
+        return "it is off (TE_FL_ATTN_CACHE=off keeps results in memory only)"
+    if not isinstance(store, ProbeCache):
+        return None
+    if store.readonly:
+        return f"{store.path} is opened read-only (TE_FL_ATTN_CACHE_READONLY=1)"
+    if check:
+        store.check_integrity()  # a damaged store is moved aside and a new one started
+    else:
+        len(store)  # open it
+    if store.mode != "rw":
+        return f"{store.path} cannot be written ({store.problem or store.mode})"
+    return None
 
 
 def cmd_merge(a: str, b: str, output: str, out: Out = print, *, as_json: bool = False) -> int:
@@ -276,7 +318,7 @@ def cmd_merge(a: str, b: str, output: str, out: Out = print, *, as_json: bool = 
     try:
         report = merge(a, b, output)
     except (OSError, FileExistsError) as exc:
-        out(f"error: {exc}")
+        _err(out, f"error: {exc}")
         return 1
     if as_json:
         out(json.dumps(report.to_dict(), indent=2))
@@ -304,7 +346,7 @@ def cmd_prune(out: Out = print, *, older_than: float | None = None,
     the local machine and for every catalog profile (as defined now).
     """
     if older_than is None and not_version is None:
-        out("error: give --older-than DURATION and/or --not-version current|KEY")
+        _err(out, "error: give --older-than DURATION and/or --not-version current|KEY")
         return 2
     keep = None
     if not_version is not None:
@@ -313,9 +355,18 @@ def cmd_prune(out: Out = print, *, older_than: float | None = None,
         elif is_hex64(not_version.lower()):
             keep = not_version.lower()
         else:
-            out(f"error: --not-version {not_version!r}: expected 'current' or a 64-hex key")
+            _err(out, f"error: --not-version {not_version!r}: expected 'current' or a 64-hex key")
             return 2
-    n = _cache(cache).prune(older_than_s=older_than, not_versions_key=keep)
+    c = _cache(cache)
+    problem = _not_writable(c, check=False)
+    if problem:
+        _err(out, f"error: cannot prune the probe cache: {problem}; nothing was deleted")
+        return 1
+    n = c.prune(older_than_s=older_than, not_versions_key=keep)
+    problem = _not_writable(c, check=False)
+    if problem:
+        _err(out, f"error: pruning failed: {problem}")
+        return 1
     out(f"pruned {n} rows")
     return 0
 
@@ -326,7 +377,16 @@ def cmd_clear(out: Out = print, *, yes: bool = False, cache: Cache | None = None
     if not yes:
         out(f"refusing to clear {len(c)} rows without --yes")
         return 2
-    out(f"cleared {c.clear()} rows")
+    problem = _not_writable(c, check=False)
+    if problem:
+        _err(out, f"error: cannot clear the probe cache: {problem}; nothing was deleted")
+        return 1
+    n = c.clear()
+    problem = _not_writable(c, check=False)
+    if problem:
+        _err(out, f"error: clearing failed: {problem}")
+        return 1
+    out(f"cleared {n} rows")
     return 0
 
 
@@ -398,5 +458,5 @@ def run_cache_command(args: argparse.Namespace, out: Out = print) -> int:
         return cmd_prune(out, older_than=args.older_than, not_version=args.not_version)
     if cmd == "clear":
         return cmd_clear(out, yes=args.yes)
-    out(f"error: unknown cache command {cmd!r}")
+    _err(out, f"error: unknown cache command {cmd!r}")
     return 2

@@ -13,6 +13,11 @@ Layout (``P`` = ``<prefix>:v<FORMAT_VERSION>``):
 * ``P:cfg:<config_key>`` (hash) -> ``_config``: the config JSON, ``<device_fp>:<versions_key>``:
   ``1`` for every context that stored a result for the config (what fleet plans look up).
 
+Every value read from Redis is checked by the cache's one row validator
+(:func:`.transfer.validate_result`, :func:`.transfer.validate_context`,
+:func:`.transfer.validate_flat`; values over :data:`.transfer.MAX_ROW` bytes are refused unread):
+a value that fails is a miss, counted in ``stats["bad"]``, with one warning.
+
 Redis unreachable, slow (1 s timeouts) or answering garbage: a miss, one warning on
 ``te_fl_attention.cache``, and the tier stays off for the rest of the cache's life (the process
 default cache lives as long as the process). Selection never fails because of Redis.
@@ -49,7 +54,10 @@ def redact(url: str) -> str:
 
 
 def _loads(raw: Any) -> Any:
-    if raw is None:
+    """A Redis value parsed as JSON; ``None`` for no value, non-text, over-long or bad JSON."""
+    from .transfer import MAX_ROW
+
+    if raw is None or not isinstance(raw, (bytes, str)) or len(raw) > MAX_ROW:
         return None
     try:
         return json.loads(raw)
@@ -127,15 +135,32 @@ class RedisTier:
                 pass
 
     # ------------------------------------------------------------------ reads
+    def _bad(self, where: str, why: str) -> None:
+        """Count a value that failed validation; warn once per tier."""
+        self.stats["bad"] += 1
+        if self.stats["bad"] == 1:
+            log.warning("remote probe cache %s: ignoring an invalid value at %s (%s); such "
+                        "values are misses", redact(self.url), where[:200], why[:200])  # fmt: skip
+        else:
+            log.debug("remote probe cache: ignoring an invalid value at %s (%s)", where, why)
+
     def _decode(self, key: CacheKey, raw: Any) -> ProbeResult | None:
+        from .transfer import MAX_ROW, validate_result
+
         d = _loads(raw)
+        if d is None:
+            size = len(raw) if isinstance(raw, (bytes, str)) else 0
+            why = f"{size} bytes (limit {MAX_ROW})" if size > MAX_ROW else "not JSON"
+            self._bad(self.key(key), why)
+            return None
+        checked = validate_result(d, key.backend)
+        if isinstance(checked, str):
+            self._bad(self.key(key), checked)
+            return None
         try:
-            if not isinstance(d, dict) or d.get("backend") != key.backend:
-                raise ValueError("not a result for this key")
-            return ProbeResult.from_dict(d)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            self.stats["bad"] += 1
-            log.debug("remote probe cache: ignoring a damaged value at %s", self.key(key))
+            return ProbeResult.from_dict(checked)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            self._bad(self.key(key), f"{type(exc).__name__}: {exc}")
             return None
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]:
@@ -165,9 +190,15 @@ class RedisTier:
         want = [p for p in dict.fromkeys(pairs) if p not in self._known_ctx]
         if want and not self.disabled:
             raws = self._call(lambda c: c.mget([self._ctx_key(*p) for p in want]), miss=[])
+            from .transfer import validate_context
+
             for p, raw in zip(want, raws, strict=False):
-                meta = _loads(raw)
-                if isinstance(meta, dict):
+                if raw is None:
+                    continue
+                meta = validate_context(_loads(raw))
+                if isinstance(meta, str):
+                    self._bad(self._ctx_key(*p), meta)
+                else:
                     self._known_ctx[p] = meta
         return {p: self._known_ctx[p] for p in pairs if p in self._known_ctx}
 
@@ -183,11 +214,17 @@ class RedisTier:
                 pipe.hget(self._cfg_key(ck), _CONFIG_FIELD)
             return pipe.execute()
 
+        from .transfer import validate_flat
+
         out = {}
         for ck, raw in zip(cks, self._call(read, miss=[]), strict=False):
-            d = _loads(raw)
+            if raw is None:
+                continue
+            d = validate_flat(_loads(raw), "config")
             if isinstance(d, dict):
                 out[ck] = d
+            else:
+                self._bad(self._cfg_key(ck), d or "not a JSON object")
         return out
 
     def rows_for_config(self, config_key: str) -> list[CacheRow]:

@@ -15,7 +15,13 @@ Design:
   ``<path>.corrupt-<timestamp>`` and rebuilt, with one warning. Moving aside needs an exclusive
   ``flock`` on ``<path>.lock`` (every open store holds a shared one), so a file other processes
   are using is never moved; this process then keeps results in memory instead.
-* A store that cannot be written degrades to an in-process memo with one warning.
+* A store that cannot be written degrades to an in-process memo with one warning (rows already
+  stored are still served, read-only); :attr:`ProbeCache.problem` says why.
+* The path is looked at before anything opens it: a FIFO, device or directory there, a symbolic
+  link that leads out of the cache directory, or a path that cannot be looked at (permission,
+  name too long) is never opened: memory mode, with one warning naming ``TE_FL_ATTN_CACHE``. The
+  default cache directory is created ``0700`` and the store file ``0600`` (whatever the umask);
+  an explicitly named path's directory must exist.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import math
 import os
 import random
 import sqlite3
+import stat
 import threading
 import time
 import weakref
@@ -42,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import quote
 
 from ..reasons import ProbeResult
-from . import _json
+from ..switches import switch
+from . import _files, _json
 from .keys import CacheKey, package_version
 
 if TYPE_CHECKING:
@@ -63,6 +71,8 @@ APPLICATION_ID = 0x54454641
 BUSY_TIMEOUT_S = 30.0
 #: After ``busy_timeout`` expires, keep retrying with backoff up to this long in total.
 BUSY_GIVE_UP_S = 120.0
+#: ``prune --older-than`` also deletes rows stamped more than this far in the future.
+FUTURE_SKEW_S = 300.0
 
 OnConflict = Literal["replace", "ignore", "newer"]
 _T = TypeVar("_T")
@@ -375,9 +385,10 @@ class _BaseCache:
 
     def _memo_prune(self, older_than_s: float | None, keep: frozenset[str] | None) -> int:
         cutoff = time.time() - older_than_s if older_than_s is not None else None
+        future = time.time() + FUTURE_SKEW_S
         doomed = [
             k for k, (row, _) in self._memo.items()
-            if (cutoff is not None and row.created_at < cutoff)
+            if (cutoff is not None and not cutoff <= row.created_at <= future)
             or (keep is not None and k.versions_key not in keep)
         ]  # fmt: skip
         for k in doomed:
@@ -563,10 +574,15 @@ class ProbeCache(_BaseCache):
         *,
         readonly: bool = False,
         busy_timeout_s: float = BUSY_TIMEOUT_S,
+        create_dir: bool = True,
     ) -> None:
         super().__init__()
         self.path = Path(path).expanduser()
         self.readonly = readonly
+        #: Create the store's directory (0700) when missing; ``False``: it must exist.
+        self.create_dir = create_dir
+        #: Why the store is not (fully) usable, once it is not: ``None`` while all is well.
+        self.problem: str | None = None
         self.busy_timeout_s = busy_timeout_s
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
@@ -576,6 +592,8 @@ class ProbeCache(_BaseCache):
         self._known_ctx: dict[int, bool] = {}  # ctx -> stored with device JSON
         self._known_cfg: set[str] = set()
         self._bad_rows = 0
+        #: Rows that ``put_many``/a bulk writer had to keep in memory (the file was not written).
+        self.in_memory_writes = 0
         self._warned: set[str] = set()
         _OPEN_STORES.add(self)
 
@@ -598,6 +616,7 @@ class ProbeCache(_BaseCache):
     def _degrade(self, reason: str, *, keep_reads: bool) -> None:
         """Stop writing (and reading, unless ``keep_reads``) the file for this process."""
         self._writable = False
+        self.problem = reason
         if not keep_reads:
             self._drop_connection()
             self._dead = True
@@ -605,18 +624,22 @@ class ProbeCache(_BaseCache):
             log.debug("probe cache %s: %s", self.path, reason)
         else:
             self._warn("degrade", "probe cache %s cannot be written (%s); new results are kept "
-                       "in memory for this process", self.path, reason)  # fmt: skip
+                       "in memory for this process%s (TE_FL_ATTN_CACHE names the cache file; "
+                       "off: no file)", self.path, reason,
+                       "; stored results are still used" if keep_reads else "")  # fmt: skip
 
     def _unusable(self, reason: str) -> None:
         """The file is damaged/foreign and cannot be replaced: memory only for this process."""
         self._drop_connection()
         self._writable = False
         self._dead = True
+        self.problem = reason
         if self.readonly:
             log.debug("probe cache %s is unusable (%s)", self.path, reason)
         else:
             self._warn("unusable", "probe cache %s is unusable (%s); new results are kept in "
-                       "memory for this process", self.path, reason)  # fmt: skip
+                       "memory for this process (TE_FL_ATTN_CACHE names the cache file; off: "
+                       "no file)", self.path, reason)  # fmt: skip
 
     # ---------------------------------------------------------------- connection lifecycle
     def _drop_connection(self) -> None:
@@ -668,10 +691,10 @@ class ProbeCache(_BaseCache):
             self._open()
         return self._conn
 
-    def _connect(self, readonly: bool) -> sqlite3.Connection:
+    def _connect(self, readonly: bool, *, immutable: bool = False) -> sqlite3.Connection:
         if readonly:
             uri = f"file:{quote(str(self.path))}?mode=ro"
-            if not os.access(self.path.parent, os.W_OK):
+            if immutable or not os.access(self.path.parent, os.W_OK):
                 uri += "&immutable=1"  # WAL needs a -shm file; nobody can be writing here anyway
             conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_s,
                                    isolation_level=None, check_same_thread=False)  # fmt: skip
@@ -690,7 +713,11 @@ class ProbeCache(_BaseCache):
             return
         try:
             flags = os.O_RDONLY if self.readonly else os.O_RDWR | os.O_CREAT
-            fd = os.open(self._lock_path(), flags, 0o644)
+            flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+            fd = os.open(self._lock_path(), flags, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                return
         except OSError:
             return
         deadline = time.monotonic() + self.busy_timeout_s
@@ -705,17 +732,60 @@ class ProbeCache(_BaseCache):
                 time.sleep(0.005)
         self._lock_fd = fd
 
+    def _path_problem(self) -> tuple[str, bool] | None:
+        """Why the path must not be opened, and whether the file exists (looked at with
+        ``lstat``/``stat`` only: opening a FIFO or a device could block or read forever)."""
+        path = self.path
+        try:
+            st: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            return f"cannot look at it: {exc.strerror or exc}", False
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            real = os.path.realpath(path)
+            home = os.path.realpath(path.parent)
+            if os.path.dirname(real) != home:
+                return f"it is a symbolic link to {real}, outside {home}", True
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                st = None
+            except OSError as exc:
+                return f"cannot look at it: {exc.strerror or exc}", False
+        if st is not None:
+            if not stat.S_ISREG(st.st_mode):
+                return f"it is {_files.kind(st.st_mode)}, not a regular file", True
+            return None
+        if self.readonly:
+            return "no such file", False
+        try:
+            pst = os.stat(path.parent)
+        except FileNotFoundError:
+            if self.create_dir:
+                return None
+            return f"its directory {path.parent} does not exist", False
+        except OSError as exc:
+            return f"cannot look at {path.parent}: {exc.strerror or exc}", False
+        if not stat.S_ISDIR(pst.st_mode):
+            return f"{path.parent} is not a directory", False
+        return None
+
     def _open(self) -> None:
         """Open (creating or rebuilding if needed) and validate; degrade on failure."""
-        if self.readonly and not self.path.exists():
-            self._degrade("no such file", keep_reads=False)
+        problem = self._path_problem()
+        if problem is not None:
+            if self.readonly and problem[0] == "no such file":
+                self._degrade("no such file", keep_reads=False)
+            else:
+                self._unusable(problem[0])
             return
         if not self.readonly:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _files.make_private_dirs(self.path.parent)
+                _create_private_file(self.path)
             except OSError as exc:
-                self._degrade(f"cannot create {self.path.parent}: {exc.strerror or exc}",
-                              keep_reads=False)  # fmt: skip
+                self._open_for_reading(f"cannot create {self.path}: {exc.strerror or exc}")
                 return
         self._take_shared_lock()
         deadline = time.monotonic() + BUSY_GIVE_UP_S
@@ -754,14 +824,18 @@ class ProbeCache(_BaseCache):
             if not self._quarantine(reason):
                 return
             rebuilt = True
+            with contextlib.suppress(OSError):
+                _create_private_file(self.path)
 
     def _open_for_reading(self, reason: str) -> None:
         """The file cannot be opened for writing: read what we can, keep new results in memory."""
         conn = None
-        if not self.readonly and self.path.exists():
-            try:
-                conn = self._connect(True)
+        exists = os.path.isfile(self.path) and os.path.getsize(self.path) > 0
+        for immutable in (False, True) if not self.readonly and exists else ():
+            try:  # immutable: e.g. a full disk, where even the -shm file cannot be made
+                conn = self._connect(True, immutable=immutable)
                 self._validate(conn, create=False)
+                break
             except (*_DB_ERRORS, StoreUnusable):
                 if conn is not None:
                     with contextlib.suppress(sqlite3.Error):
@@ -1192,7 +1266,9 @@ class ProbeCache(_BaseCache):
         written = self._write(rows, params, on_conflict)
         if written is None:  # not writable: keep them in memory
             with self._lock:
-                return sum(self._memo_put(row, on_conflict) for row in rows)
+                n = sum(self._memo_put(row, on_conflict) for row in rows)
+                self.in_memory_writes += n
+                return n
         return written
 
     def _write(
@@ -1254,9 +1330,9 @@ class ProbeCache(_BaseCache):
             return 0
         clauses: list[str] = []
         args: list[Any] = []
-        if older_than_s is not None:
-            clauses.append("created_at < ?")
-            args.append(time.time() - older_than_s)
+        if older_than_s is not None:  # and rows stamped in the future: they cannot dodge it
+            clauses.append("created_at < ? OR created_at > ?")
+            args += [time.time() - older_than_s, time.time() + FUTURE_SKEW_S]
         if keep is not None:
             marks = ",".join("?" * len(keep)) or "NULL"
             clauses.append(f"ctx IN (SELECT ctx FROM contexts WHERE versions_key NOT IN ({marks}))")
@@ -1291,6 +1367,25 @@ class ProbeCache(_BaseCache):
             memo = len(self._memo)
             self._memo.clear()
         return max(0, self._call(delete, write=True, miss=0)) + memo
+
+    def check_integrity(self) -> str | None:
+        """Run SQLite's ``quick_check`` over the whole file (milliseconds per 10k rows: for
+        imports, merges and tools, never the lookup path). A store that fails it is quarantined
+        (moved aside and started afresh, or, while other processes use it, not used by this
+        process): it is never written to again. Returns the problem, or ``None``."""
+        found = self._call(lambda c: [str(r[0]) for r in c.execute("PRAGMA quick_check(5)")],
+                           write=False, miss=None)  # fmt: skip
+        if found is None:
+            return self.problem
+        if found == ["ok"]:
+            return None
+        reason = "integrity check failed: " + "; ".join(found)[:300]
+        with self._lock:
+            if self.readonly:
+                self._unusable(reason)
+            else:
+                self._quarantine(reason)
+        return reason
 
     def checkpoint(self) -> None:
         """Fold the WAL into the main file (best effort; for benchmarks and tools)."""
@@ -1338,7 +1433,9 @@ class BulkWriter:
         if written is None:
             rows = [_row_from_params(p, ctxs, cfgs) for p in params]
             with self.store._lock:
-                return sum(self.store._memo_put(row, self.on_conflict) for row in rows)
+                n = sum(self.store._memo_put(row, self.on_conflict) for row in rows)
+                self.store.in_memory_writes += n
+                return n
         return written
 
 
@@ -1380,7 +1477,7 @@ def _header_problem(path: Path) -> str | None:
         size = path.stat().st_size
         if size == 0:
             return None
-        with open(path, "rb") as f:
+        with _files.open_regular(path) as f:
             head = f.read(100)
     except FileNotFoundError:
         return None
@@ -1400,6 +1497,20 @@ def _header_problem(path: Path) -> str | None:
         if size < pages * page_size:
             return f"truncated: {size} bytes, header says {pages * page_size}"
     return None
+
+
+def _create_private_file(path: Path) -> None:
+    """Create an empty store file ``0600`` if none is there (SQLite gives its -wal and -shm
+    files the same mode). Never follows a symbolic link; an existing file is left alone."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def _move_aside(path: Path) -> Path | None:
@@ -1425,7 +1536,6 @@ def _move_aside(path: Path) -> Path | None:
 
 # ---------------------------------------------------------------------------- location / defaults
 _OFF = {"off", "0", "none", "false", "no", "disabled"}
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def default_path() -> Path:
@@ -1446,18 +1556,20 @@ def open_cache(path: str | os.PathLike[str] | None = None) -> ProbeCache | Memor
     store (:class:`~te_fl_attention.cache.remote.TieredCache`: same API, read through, write
     back to both; Redis trouble is a miss with one warning).
     """
+    create_dir = False  # an explicit path's directory must exist; the default one is created
     if path is None:
         env = os.environ.get("TE_FL_ATTN_CACHE", "").strip()
         path = env or default_path()
+        create_dir = not env
     local: ProbeCache | MemoryCache
     if str(path).strip().lower() in _OFF:
         local = MemoryCache()
     else:
-        readonly = os.environ.get("TE_FL_ATTN_CACHE_READONLY", "").strip().lower() in _TRUE
+        readonly = switch("TE_FL_ATTN_CACHE_READONLY")  # exactly 0/1; anything else raises
         if readonly:
             log.info("probe cache %s opened read-only (TE_FL_ATTN_CACHE_READONLY); new results "
                      "stay in memory", path)  # fmt: skip
-        local = ProbeCache(path, readonly=readonly)
+        local = ProbeCache(path, readonly=readonly, create_dir=create_dir)
     url = os.environ.get("TE_FL_ATTN_REMOTE_CACHE", "").strip()
     if not url or url.lower() in _OFF:
         return local

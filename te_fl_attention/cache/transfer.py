@@ -1,5 +1,12 @@
 """Moving cached results between machines: JSON Lines export/import, merge, warm start.
 
+This module holds the one validator for every row that comes from outside this process: an
+import, a merge, the Redis tier (:mod:`.remote`) and another store's rows (possibly written by
+another package version) all go through :func:`validate_row` / :func:`validate_result` /
+:func:`validate_context`. It checks types (booleans are booleans), finite and bounded numbers,
+bounded strings (lone surrogates and control characters are replaced by U+FFFD), bounded nesting
+and size, and a ``created_at`` no later than now plus :data:`MAX_CLOCK_SKEW_S`.
+
 Imports treat the file as hostile: every row is checked (types, sizes, nesting, known backends,
 hex keys, no unknown fields) and parsed as JSON only (:mod:`json`, or orjson where it gives the
 same result: see :mod:`._json`), so nothing in a file is ever executed. A bad row is rejected with
@@ -19,24 +26,36 @@ import dataclasses
 import gc
 import io
 import json
+import logging
+import math
 import os
+import re
+import shutil
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
 from ..reasons import ProbeResult
-from . import _json
+from . import _files, _json
 from .keys import KNOWN_BACKENDS, CacheKey, is_hex64, package_version
-from .store import CacheRow, MemoryCache, ProbeCache, _checked_row, default_cache
+from .store import FUTURE_SKEW_S, CacheRow, MemoryCache, ProbeCache, _checked_row, default_cache
 
 FORMAT = "te-fl-attention-cache"
 FORMAT_VERSION = 1
 MAX_STRING = 64 * 1024  # UTF-8 bytes in any one string
 MAX_ROW = 1024 * 1024  # bytes in one line
 MAX_DEPTH = 32  # nesting of objects/arrays in one row
+MAX_NODES = 100_000  # values (strings, numbers, containers) in one row
+MAX_ELAPSED_MS = 1e9  # a probe's elapsed_ms is in [0, MAX_ELAPSED_MS]
+MAX_INT = 2**63  # integers anywhere in a row: |x| < MAX_INT
+#: ``created_at`` may be at most this far in the future (clocks of machines differ a little):
+#: a far-future stamp could win every merge and never be pruned.
+MAX_CLOCK_SKEW_S = FUTURE_SKEW_S
 _BATCH = 5_000
 
 _HEADER_FIELDS = {"format", "format_version", "package_version", "exported_at"}
@@ -55,23 +74,81 @@ _KNOWN = frozenset(KNOWN_BACKENDS)
 _HEX = "0123456789abcdef"
 
 Cache = ProbeCache | MemoryCache
+log = logging.getLogger("te_fl_attention.cache")
+
+#: Characters a stored string may not hold: C0 controls but tab and newline, DEL, C1 controls
+#: and lone surrogates. They are replaced by U+FFFD.
+_BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+#: A JSON line holding one of these may hold such a character (an escape, or raw DEL / C1):
+#: it gets the full checks, which clean strings (substring tests: far faster than a regex).
+_SUSPECT_BYTES = (b"\\u", b"\\b", b"\\f", b"\\r", b"\x7f", b"\xc2")
+#: Parsed by :mod:`json` rather than orjson, a line holding one of these (digits read as ``0``)
+#: may hold a non-finite or over-long number.
+_SUSPECT_NUMBERS = (b"NaN", b"Infinity", b"0" * 17, b"e000", b"E000", b"e+000", b"E+000",
+                    b"e-000", b"E-000")  # fmt: skip
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates and control characters (but tab/newline) as U+FFFD."""
+    return _BAD_CHARS.sub("\ufffd", text) if _BAD_CHARS.search(text) else text
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with every string (and field name) :func:`clean_text`-ed; the same object when
+    nothing changes. Only for values :func:`_walk_problem` accepted (bounded depth)."""
+    if type(value) is str:
+        return clean_text(value)
+    if type(value) is dict:
+        out = {clean_text(k) if type(k) is str else k: _clean(v) for k, v in value.items()}
+        same = len(out) == len(value) and all(
+            a is b and c is d for (a, c), (b, d) in zip(value.items(), out.items(), strict=True)
+        )
+        return value if same else out
+    if type(value) is list:
+        items = [_clean(v) for v in value]
+        return value if all(a is b for a, b in zip(value, items, strict=True)) else items
+    return value
+
+
+def _max_created() -> float:
+    return time.time() + MAX_CLOCK_SKEW_S
+
+
+def _scalar_problem(value: Any) -> str | None:
+    """Numbers must be finite and bounded (``int`` beyond 64 bits, ``NaN``, ``Infinity``: no)."""
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            return f"a non-finite number ({value!r})"
+    elif kind is int and not -MAX_INT < value < MAX_INT:
+        return f"an integer of {len(str(abs(value)))} digits (limit: 64 bits)"
+    return None
 
 
 @dataclass
 class ImportReport:
-    """What an import did: rows added, rows skipped (already present / repeated), rejections."""
+    """What an import did: rows durably added, rows skipped (already present / repeated),
+    rejections, and rows that could not be written to the file (``not_written``, kept in this
+    process's memory only; ``problem`` says why)."""
 
     imported: int = 0
     skipped: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    not_written: int = 0
+    problem: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"imported": self.imported, "skipped": self.skipped,
-                "rejected": [{"line": n, "reason": r} for n, r in self.rejected]}  # fmt: skip
+                "rejected": [{"line": n, "reason": r} for n, r in self.rejected],
+                "not_written": self.not_written, "problem": self.problem}  # fmt: skip
 
     def __str__(self) -> str:
-        return (f"imported {self.imported}, skipped {self.skipped} (already present), "
+        text = (f"imported {self.imported}, skipped {self.skipped} (already present), "
                 f"rejected {len(self.rejected)}")  # fmt: skip
+        if self.not_written:
+            text += f", NOT written {self.not_written} ({self.problem or 'store not writable'})"
+        return text
 
 
 @dataclass
@@ -100,7 +177,7 @@ def _dump(obj: Any) -> str:
 
 
 def export(cache: Cache, path_or_file: str | os.PathLike[str] | IO[str], *,
-           device_fp: str | None = None) -> int:  # fmt: skip
+           device_fp: str | None = None, exist_ok: bool = True) -> int:  # fmt: skip
     """Write every row (or only ``device_fp``'s) as JSON Lines; returns the number of rows.
 
     The first line is a header. A row's ``config``/``device`` are written the first time they
@@ -109,17 +186,24 @@ def export(cache: Cache, path_or_file: str | os.PathLike[str] | IO[str], *,
     if isinstance(path_or_file, (str, os.PathLike)):
         path = Path(path_or_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        try:  # write aside, then rename: a reader never sees half a file
-            with open(tmp, "x", encoding="utf-8", newline="\n") as f:
+        # write aside (in the target directory), flush to disk, rename: a reader never sees
+        # half a file, and a failure leaves none
+        with _files.atomic_output(path, exist_ok=exist_ok) as tmp:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
                 n = _export_to(cache, f, device_fp)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            lines = _count_lines(tmp)  # read back: report only what is in the file
+            if lines != n + 1:
+                raise OSError(f"{tmp} holds {lines} lines after writing {n + 1}")
         return n
     return _export_to(cache, path_or_file, device_fp)
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+    return n
 
 
 def _export_to(cache: Cache, f: IO[str], device_fp: str | None) -> int:
@@ -155,9 +239,17 @@ def _export_to(cache: Cache, f: IO[str], device_fp: str | None) -> int:
 def _walk_problem(obj: Any, depth: int = 1) -> str | None:
     """Depth and string-size limits over a parsed value."""
     stack: list[tuple[Any, int]] = [(obj, depth)]
+    nodes = 0
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, str):
+        nodes += 1
+        if nodes > MAX_NODES:
+            return f"more than {MAX_NODES} values"
+        if type(value) in (int, float):
+            problem = _scalar_problem(value)
+            if problem:
+                return problem
+        elif isinstance(value, str):
             if _utf8_len(value) > MAX_STRING:
                 return f"a string of {_utf8_len(value)} bytes (limit {MAX_STRING})"
         elif isinstance(value, (dict, list)):
@@ -200,8 +292,10 @@ def _reason_problem(r: Any, where: str, depth: int) -> str | None:
         value = r.get(name)
         if type(value) in (list, dict):
             problem = _walk_problem(value, depth + 1)
-            if problem:
-                return f"{where}.{name}: {problem}"
+        else:
+            problem = _scalar_problem(value)
+        if problem:
+            return f"{where}.{name}: {problem}"
     return None
 
 
@@ -220,8 +314,9 @@ def _result_problem(res: Any, where: str = "result", depth: int = 2) -> str | No
     if type(res.get("stage", "")) is not str or type(res.get("evidence", "")) is not str:
         return f"{where}.stage and .evidence must be strings"
     elapsed = res.get("elapsed_ms", 0.0)
-    if not _number(elapsed) or (type(elapsed) is int and abs(elapsed) > 2**53):
-        return f"{where}.elapsed_ms must be a number"
+    if not _number(elapsed) or not 0 <= elapsed <= MAX_ELAPSED_MS:
+        shown = str(elapsed)[:40] + ("..." if len(str(elapsed)) > 40 else "")
+        return f"{where}.elapsed_ms {shown} must be a number in [0, {MAX_ELAPSED_MS:g}]"
     detail = res.get("detail", {})
     if type(detail) is not dict:
         return f"{where}.detail must be an object"
@@ -260,18 +355,23 @@ def _flat_object_problem(obj: Any, name: str) -> str | None:
         if type(v) is list:
             if not all(isinstance(x, _SCALARS) for x in v):
                 return f"{name}.{k} must hold only scalars"
+            problem = next(filter(None, map(_scalar_problem, v)), None)
         elif not isinstance(v, _SCALARS):
             return f"{name}.{k} must be a scalar or a list of scalars"
+        else:
+            problem = _scalar_problem(v)
+        if problem:
+            return f"{name}.{k}: {problem}"
     return None
 
 
 def validate_row(obj: Any, raw_size: int | None = None) -> CacheRow | str:
     """A checked :class:`CacheRow` from one parsed export row, or the reason it is rejected.
 
-    ``raw_size`` is the row's length in the file: rows under :data:`MAX_STRING` bytes cannot
-    hold an over-long string, so the string-size walk is skipped for them.
+    Every check applies (``raw_size``, the row's length in the file, is accepted for
+    compatibility; readers use :func:`_line_size` to take the quick path safely).
     """
-    return _validate(obj, raw_size, False)
+    return _row_problem(obj, None)
 
 
 def _validate(obj: Any, raw_size: int | None, by_orjson: bool) -> CacheRow | str:
@@ -330,7 +430,7 @@ def _row_ok(obj: Any) -> bool:
         return False
     created = obj.get("created_at", 0.0)
     kind = type(created)
-    if not ((kind is float or kind is int) and 0 <= created < 1e11):
+    if not ((kind is float or kind is int) and 0 <= created <= _max_created()):
         return False
     pkg = obj.get("package_version", "")
     return type(pkg) is str and len(pkg) <= 128
@@ -350,7 +450,7 @@ def _result_ok(res: Any, depth: int) -> bool:
         return False
     elapsed = res.get("elapsed_ms", 0.0)
     kind = type(elapsed)
-    if not (kind is float or (kind is int and -(2**53) <= elapsed <= 2**53)):
+    if not ((kind is float or kind is int) and 0 <= elapsed <= MAX_ELAPSED_MS):
         return False
     detail = res.get("detail", {})
     if type(detail) is not dict:
@@ -435,12 +535,68 @@ def _row_problem(obj: Any, raw_size: int | None) -> CacheRow | str:
         if problem:
             return problem
     created = obj.get("created_at", 0.0)
-    if not _number(created) or not 0 <= created < 1e11:
-        return "created_at must be a unix time (a non-negative number)"
+    problem = _created_problem(created)
+    if problem:
+        return problem
     pkg = obj.get("package_version", "")
     if type(pkg) is not str or len(pkg) > 128:
         return "package_version must be a string of at most 128 characters"
-    return CacheRow(CacheKey(ck, backend, fp, vk), result, float(created), pkg, config, device)
+    return CacheRow(CacheKey(ck, backend, fp, vk), _clean(result), float(created), _clean(pkg),
+                    _clean(config), _clean(device))  # fmt: skip
+
+
+def _created_problem(created: Any) -> str | None:
+    if not _number(created) or not 0 <= created < 1e11:
+        shown = str(created)[:40]
+        return f"created_at {shown!r} must be a unix time (a non-negative number)"
+    if created > _max_created():
+        return (f"created_at {created!r} is in the future (more than {MAX_CLOCK_SKEW_S:.0f} s "
+                "ahead of this machine's clock)")  # fmt: skip
+    return None
+
+
+def validate_result(obj: Any, backend: str | None = None) -> dict[str, Any] | str:
+    """A checked and cleaned :meth:`ProbeResult.to_dict` value (for ``backend`` when given),
+    or the reason it is rejected (what the Redis tier serves goes through this)."""
+    problem = _walk_problem(obj, 2) or _result_problem(obj)
+    if problem:
+        return problem
+    if backend is not None and obj["backend"] != backend:
+        return f"result.backend {obj['backend']!r} does not match backend {backend!r}"
+    try:
+        ProbeResult.from_dict(obj)
+    except Exception as exc:  # noqa: BLE001 - any failure is a rejection
+        return f"result is not a valid ProbeResult: {type(exc).__name__}: {exc}"[:300]
+    return _clean(obj)
+
+
+def validate_flat(obj: Any, name: str) -> dict[str, Any] | None | str:
+    """A checked and cleaned ``config``/``device`` JSON (``None`` stays ``None``), or the reason
+    it is rejected."""
+    problem = _walk_problem(obj) or _flat_object_problem(obj, name)
+    return problem if problem else _clean(obj)
+
+
+def validate_context(obj: Any) -> dict[str, Any] | str:
+    """A checked Redis context record ``{"device", "package_version", "created_at"}``, or the
+    reason it is rejected."""
+    if type(obj) is not dict:
+        return "context is not an object"
+    unknown = obj.keys() - {"device", "package_version", "created_at"}
+    if unknown:
+        return f"context has unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}"
+    device = validate_flat(obj.get("device"), "device")
+    if isinstance(device, str):
+        return device
+    created = obj.get("created_at", 0.0)
+    problem = _created_problem(created if created is not None else 0.0)
+    if problem:
+        return problem
+    pkg = obj.get("package_version") or ""
+    if type(pkg) is not str or len(pkg) > 128:
+        return "package_version must be a string of at most 128 characters"
+    return {"device": device, "package_version": clean_text(pkg),
+            "created_at": float(created or 0.0)}  # fmt: skip
 
 
 def _header_problem(obj: Any) -> str | None:
@@ -493,6 +649,21 @@ def _lines(f: IO[bytes], end: int | None = None) -> Iterator[tuple[int, bytes | 
         yield n, line
 
 
+def _line_size(line: bytes, by_orjson: bool) -> int | None:
+    """The ``raw_size`` to validate a parsed line with: its length, or ``None`` (the full checks,
+    which also clean strings) when it may hold an escaped control character or surrogate, a raw
+    DEL/C1 character, or (parsed by :mod:`json`) a non-finite or over-long number."""
+    for part in _SUSPECT_BYTES:
+        if part in line:
+            return None
+    if not by_orjson:
+        digits = line.translate(_DIGITS)
+        for part in _SUSPECT_NUMBERS:
+            if part in digits:
+                return None
+    return len(line)
+
+
 def _parse(line: bytes) -> Any:
     return _parse_flagged(line)[0]
 
@@ -529,14 +700,14 @@ def _read_jsonl(f: IO[bytes], *, header: bool = True, end: int | None = None) ->
                 return
             header_seen = True
             continue
-        yield n, obj, len(line), fast
+        yield n, obj, _line_size(line, fast), fast
     if not header_seen:
         yield 0, _Bad("empty file: no header"), None, False
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[int, str | None]:
     """``(bytes the header line takes, problem or None)`` for a JSON Lines export."""
-    with open(path, "rb") as f:
+    with _files.open_regular(path) as f:
         first = f.readline(MAX_ROW + 1)
     if not first or len(first) > MAX_ROW:
         return len(first), "bad header: missing or too long"
@@ -549,9 +720,10 @@ def _read_store(path: Path) -> Iterator[Item]:
     """Rows of another SQLite store, as export rows (checked like any import)."""
     src = ProbeCache(path, readonly=True)
     try:
-        len(src)
-        if src.mode == "memo":
-            yield 0, _Bad("not a readable te_fl_attention cache store"), None, False
+        problem = src.check_integrity()
+        if src.mode == "memo" or problem:
+            why = f" ({problem})" if problem else ""
+            yield 0, _Bad(f"not a readable te_fl_attention cache store{why}"), None, False
             return
         for i, row in enumerate(src.iter_rows(), start=1):
             yield i, row.to_dict(), None, False
@@ -560,9 +732,9 @@ def _read_store(path: Path) -> Iterator[Item]:
 
 
 def is_sqlite(path: str | os.PathLike[str]) -> bool:
-    """True if the file starts with the SQLite header."""
+    """True if the file starts with the SQLite header (a FIFO, device...: False, unread)."""
     try:
-        with open(path, "rb") as f:
+        with _files.open_regular(path) as f:
             return f.read(16) == b"SQLite format 3\x00"
     except OSError:
         return False
@@ -576,10 +748,12 @@ def _source(path_or_file: str | os.PathLike[str] | IO[Any]) -> Iterator[Iterator
             f = io.BytesIO(f.read().encode("utf-8"))
         yield _read_jsonl(f)
         return
-    if is_sqlite(path_or_file):
-        yield _read_store(Path(path_or_file))
-        return
-    with open(path_or_file, "rb") as f:
+    f = _files.open_regular(path_or_file)  # a FIFO or /dev/zero: an error, never a hang
+    with f:
+        if f.read(16) == b"SQLite format 3\x00":
+            yield _read_store(Path(path_or_file))
+            return
+        f.seek(0)
         yield _read_jsonl(f)
 
 
@@ -602,13 +776,32 @@ def import_(cache: Cache, path: str | os.PathLike[str] | IO[Any], *,
     CPU, at most 8, and none below 4 CPUs; ``workers=1``: never); the result is the same as a
     serial import.
     """
+    if isinstance(path, (str, os.PathLike)):
+        _files.open_regular(path).close()  # missing, a FIFO, a device: an OSError now
+    store = getattr(cache, "local", cache)
+    before = getattr(store, "in_memory_writes", 0)
+    report = None
     if isinstance(path, (str, os.PathLike)) and isinstance(cache, ProbeCache):
         from . import _parallel
 
         report = _parallel.maybe_parallel_import(cache, path, workers)
-        if report is not None:
-            return report
-    return import_serial(cache, path)
+    if report is None:
+        report = import_serial(cache, path)
+    _account(store, before, report)
+    if report.rejected:
+        n, reason = report.rejected[0]
+        log.warning("import of %s: %d row(s) rejected (first: line %d: %s)", path,
+                    len(report.rejected), n, reason[:200])  # fmt: skip
+    return report
+
+
+def _account(store: Any, before: int, report: ImportReport) -> None:
+    """Move rows a store kept only in memory from ``imported`` to ``not_written``."""
+    kept = getattr(store, "in_memory_writes", 0) - before
+    if kept > 0:
+        report.imported -= kept
+        report.not_written += kept
+        report.problem = getattr(store, "problem", None) or "the store is read-only"
 
 
 def import_serial(cache: Cache, path: str | os.PathLike[str] | IO[Any], *, start: int = 0,
@@ -686,28 +879,46 @@ def merge(a_path: str | os.PathLike[str], b_path: str | os.PathLike[str],
           out_path: str | os.PathLike[str]) -> MergeReport:  # fmt: skip
     """Union of two exports or stores into a new store (or a ``.jsonl`` export).
 
-    Same-key rows with different results are conflicts: the later ``created_at`` wins.
+    Same-key rows with different results are conflicts: the later ``created_at`` wins. The output
+    path is checked before any work (its directory exists and is writable, no file is there); the
+    result is built in a temporary directory next to it, read back, and only then moved into
+    place: a failed merge leaves no output and no lock file, and can simply be run again.
     """
-    out = Path(out_path)
-    if out.exists():
-        raise FileExistsError(f"{out} already exists; merge writes a new file")
+    out = _files.check_output_path(out_path, exist_ok=False)
+    for src in (a_path, b_path):
+        _files.open_regular(src).close()  # missing, a FIFO, a device: an OSError now
     report = MergeReport()
-    if out.suffix == ".jsonl":
-        with tempfile.TemporaryDirectory(prefix="te-fl-merge-") as tmp:
-            store = ProbeCache(Path(tmp) / "merge.sqlite")
-            try:
-                _merge_into(store, (a_path, b_path), report)
-                report.written = export(store, out)
-            finally:
-                store.close()
-        return report
-    store = ProbeCache(out)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name[:60]}.merge-", dir=out.parent))
     try:
-        _merge_into(store, (a_path, b_path), report)
-        report.written = len(store)
+        db = work / "merge.sqlite"
+        store = ProbeCache(db)
+        try:
+            _merge_into(store, (a_path, b_path), report)
+            len(store)  # opens the store if no source had a row
+            if store.mode != "rw" or store.in_memory_writes:
+                raise OSError(f"cannot write the merged store in {out.parent}: "
+                              f"{store.problem or 'not writable'}")  # fmt: skip
+            if out.suffix == ".jsonl":
+                report.written = export(store, out, exist_ok=False)
+                return report
+            written = len(store)  # then one self-contained file, no -wal
+            store._call(lambda c: c.execute("PRAGMA journal_mode=DELETE").fetchall(),
+                        write=True, miss=None)  # fmt: skip
+        finally:
+            store.close()
+        check = sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True)
+        try:  # read back what will be reported
+            found = check.execute("SELECT count(*) FROM probes").fetchone()[0]
+        finally:
+            check.close()
+        if found != written:
+            raise OSError(f"the merged store holds {found} rows, {written} were written")
+        with _files.atomic_output(out, exist_ok=False, mode=0o600) as tmp:
+            os.replace(db, tmp)
+        report.written = written
+        return report
     finally:
-        store.close()
-    return report
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _merge_into(store: ProbeCache, sources: Iterable[str | os.PathLike[str]],

@@ -12,6 +12,11 @@ order:
    :func:`load_stub` loads it with ``RTLD_GLOBAL``. Its soname is ``libcuda.so.1``, so when cuDNN
    later opens its engine library (which links ``libcuda.so.1``), the loader reuses the stub.
 
+The stub's directories are created ``0700`` and the library ``0600`` whatever the umask, with its
+sha256 recorded next to it (``libcuda.so.1.sha256``). A library already there is reused only
+when it and its directories are owned by this user and not writable by others, and its content
+matches the recorded hash (:func:`reuse_problem`); otherwise it is rebuilt.
+
 The stub is loaded by absolute path only; it is never put on ``LD_LIBRARY_PATH`` and never touches
 other processes. Call :func:`setup_driver` before ``import cudnn``, in the process that will plan
 (the probe worker, :mod:`te_fl_attention.probes.cudnn_worker`).
@@ -23,6 +28,7 @@ import ctypes
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -124,10 +130,50 @@ class StubBuildError(RuntimeError):
     """The stub could not be built (no compiler, or the compiler failed)."""
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hash_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def reuse_problem(target: Path) -> str | None:
+    """Why an existing stub at ``target`` must not be loaded (``None``: it may be). Checks the
+    library, its hash file and its two directories: owned by this user, not writable by group or
+    others (the library and hash file: ``0600``), and the library's sha256 as recorded."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    for path, private in ((target, True), (_hash_path(target), True),
+                          (target.parent, False), (target.parent.parent, False)):  # fmt: skip
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"{path}: {exc.strerror or exc}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if uid is not None and st.st_uid != uid:
+            return f"{path} is owned by uid {st.st_uid}, not {uid}"
+        if st.st_mode & (0o077 if private else 0o022):
+            return f"{path} has mode {stat.S_IMODE(st.st_mode):04o}"
+    try:
+        recorded = _hash_path(target).read_text().strip()
+        actual = _sha256(target)
+    except OSError as exc:
+        return f"cannot check {target}: {exc.strerror or exc}"
+    if recorded != actual:
+        return f"{target} does not match its recorded sha256"
+    return None
+
+
 def build_stub() -> Path:
-    """Compile the stub once; return its path. Concurrent builders race safely (atomic rename)."""
+    """Compile the stub once; return its path. Concurrent builders race safely (atomic rename).
+
+    An existing stub is reused only when :func:`reuse_problem` finds nothing wrong; otherwise it
+    is rebuilt in place."""
+    from ..cache._files import make_private_dirs
+
     target = stub_path()
-    if target.is_file():
+    if target.is_file() and reuse_problem(target) is None:
         return target
     cc = find_compiler()
     if cc is None:
@@ -135,7 +181,7 @@ def build_stub() -> Path:
             "no C compiler found (tried $CC, cc, gcc, clang): the stub libcuda.so.1 that cuDNN "
             "needs for deviceless planning cannot be built; install gcc or set CC"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         src = Path(tmp) / "stubcuda.c"
         src.write_bytes(stub_source())
@@ -150,7 +196,15 @@ def build_stub() -> Path:
                 f"compiling the stub driver failed ({' '.join(cmd)}): "
                 f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
             )
+        os.chmod(out, 0o600)  # loadable by its owner; mmap needs no execute bit
+        digest = Path(tmp) / "sha256"
+        digest.write_text(_sha256(out) + "\n")
+        os.chmod(digest, 0o600)
         os.replace(out, target)
+        os.replace(digest, _hash_path(target))
+    problem = reuse_problem(target)
+    if problem is not None:  # e.g. a directory made by someone else, or a concurrent rebuild
+        raise StubBuildError(f"the stub driver cannot be trusted: {problem}")
     return target
 
 
@@ -202,6 +256,7 @@ __all__ = [
     "find_compiler",
     "load_stub",
     "real_driver_status",
+    "reuse_problem",
     "setup_driver",
     "stub_path",
     "stub_source",

@@ -14,6 +14,7 @@ from te_fl_attention.cache import ProbeCache, reset_default_cache
 @pytest.fixture(autouse=True)
 def _isolated_default_cache(tmp_path, monkeypatch) -> Iterator[None]:
     """Point the default cache at a temp file; never touch the user's real cache."""
+    (tmp_path / "default-cache").mkdir()  # an explicit TE_FL_ATTN_CACHE's directory must exist
     monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "default-cache" / "probes.sqlite"))
     monkeypatch.delenv("TE_FL_ATTN_CACHE_READONLY", raising=False)
     reset_default_cache()

@@ -28,9 +28,9 @@ anything = st.recursive(
                                                                 max_size=3),
     max_leaves=6,
 )  # fmt: skip
-free = st.recursive(  # what observed / limit / detail values may be (JSON of any shape)
-    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False)
-    | st.text(max_size=6),
+free = st.recursive(  # what observed / limit / detail values may be (JSON: finite numbers)
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
                                                                 max_size=3),
     max_leaves=8,
@@ -123,7 +123,7 @@ def _strict() -> st.SearchStrategy:
                                           "device_fp": fp, "versions_key": vk, "result": res,
                                           "config": {"head_dim": 128, "window": [-1, -1]},
                                           "created_at": created},
-        top, HEX, HEX, HEX, st.floats(0, 1e10),
+        top, HEX, HEX, HEX, st.floats(0, 1.7e9),
     )  # fmt: skip
 
 
@@ -214,9 +214,10 @@ def _fields(row: CacheRow) -> tuple:
 def test_import_checks_equal_json_plus_full_checks(row):
     line = json.dumps(row).encode("utf-8", "surrogatepass") + b"\n"
     obj, fast = transfer._parse_flagged(line)
-    got = obj if isinstance(obj, transfer._Bad) else transfer._validate(obj, len(line), fast)
+    size = transfer._line_size(line, fast)  # what the reader passes on
+    got = obj if isinstance(obj, transfer._Bad) else transfer._validate(obj, size, fast)
     try:  # the reference: the standard library's parse, then the full checks
-        want = transfer._row_problem(json.loads(line.decode("utf-8")), len(line))
+        want = transfer._row_problem(json.loads(line.decode("utf-8")), size)
     except ValueError:
         want = "unparsable"
     if isinstance(want, str):
@@ -237,16 +238,18 @@ def test_valid_rows_take_the_quick_path(row):
     line = json.dumps(row).encode() + b"\n"
     obj, fast = transfer._parse_flagged(line)
     assert transfer._row_ok(obj)
-    got = transfer._validate(obj, len(line), fast)
+    size = transfer._line_size(line, fast)
+    got = transfer._validate(obj, size, fast)
     assert isinstance(got, CacheRow)
-    assert _fields(got) == _fields(transfer._row_problem(json.loads(line), len(line)))
+    assert _fields(got) == _fields(transfer._row_problem(json.loads(line), size))
 
 
 def _judged_alike(row: object) -> None:
     line = json.dumps(row).encode("utf-8", "surrogatepass") + b"\n"
     obj, fast = transfer._parse_flagged(line)
-    got = transfer._validate(obj, len(line), fast)
-    want = transfer._row_problem(json.loads(line), len(line))
+    size = transfer._line_size(line, fast)
+    got = transfer._validate(obj, size, fast)
+    want = transfer._row_problem(json.loads(line), size)
     if isinstance(want, str):
         assert got == want
     else:

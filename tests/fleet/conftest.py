@@ -11,6 +11,7 @@ from te_fl_attention.cache import reset_default_cache
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch) -> Iterator[None]:
+    (tmp_path / "default-cache").mkdir()  # an explicit cache path's directory must exist
     monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "default-cache" / "probes.sqlite"))
     monkeypatch.delenv("TE_FL_ATTN_REMOTE_CACHE", raising=False)
     monkeypatch.delenv("TE_FL_ATTN_AGREE", raising=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 
 import pytest
 
@@ -76,3 +77,29 @@ def test_registers_as_a_subcommand():
     add_fleet_parser(p.add_subparsers(dest="command"))
     args = p.parse_args(["fleet", "--preset", "llama3-8b", "--devices", "h100", "--json"])
     assert args.command == "fleet" and args.devices == ["h100"] and callable(args.func)
+
+
+def test_html_path_is_checked_before_the_work(capsys, monkeypatch, tmp_path):
+    import te_fl_attention.fleet as fleet
+
+    monkeypatch.setattr(fleet, "plan", lambda *a, **k: pytest.fail("planned before the check"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for bad in ("/proc/x/report.html", str(blocker / "r.html"), str(tmp_path)):
+        assert main(["--preset", "llama3-8b", "--devices", "h100", "--html", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--html" in err and "Traceback" not in err
+
+
+def test_html_write_failure_exits_nonzero_and_leaves_nothing(capsys, monkeypatch, tmp_path):
+    import te_fl_attention.fleet_report as report
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "render_html", lambda *a, **k: "<html>" + "x" * 100)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", broken)  # the disk fills up mid-write
+    out = tmp_path / "r.html"
+    assert main(["--preset", "llama3-8b", "--devices", "h100", "--html", str(out)]) == 1
+    assert "No space left" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["default-cache"]  # the conftest's cache dir

@@ -220,3 +220,89 @@ def test_fleet_plan_sees_real_gpu_rows_through_redis(server, tmp_path):
     assert "NVIDIA H100 80GB HBM3" in p.cell("cfg", "h100").evidence
     assert p.cell("cfg", "a100").status == "predicted"
     reader.close()
+
+
+# ------------------------------------------------------------------ values are validated (#12)
+def _seed(server, tmp_path):
+    """A tier with one real fused row for CONFIGS[0] on h100; returns (tier, key, value)."""
+    tier = RedisTier(server.url)
+    cache = TieredCache(ProbeCache(tmp_path / "seed.sqlite"), tier)
+    sel = Selector(default_probes(graph=False), cache=cache)
+    sel.decide(CONFIGS[0], "h100")
+    cache.close()
+    (raw_key,) = [k for k in server.client.keys(f"te-fl-attn:v{FORMAT_VERSION}:r:*")
+                  if b":fused:" in k]  # fmt: skip
+    _, _, ck, backend, fp, vk = raw_key.decode().rsplit(":", 5)
+    key = CacheKey(ck, backend, fp, vk)
+    return key, json.loads(server.client.get(raw_key))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("elapsed_ms", "9" * 400),      # a 400-digit number: OverflowError before
+    ("elapsed_ms", "1e400"),        # Infinity
+    ("elapsed_ms", "NaN"),
+    ("supported", '"false"'),       # a string is not a boolean (it read as true before)
+    ("reasons", '[{"code": 5, "message": "x"}]'),
+])  # fmt: skip
+def test_invalid_redis_values_are_misses_with_one_warning(server, tmp_path, cache_log, field,
+                                                          value):  # fmt: skip
+    key, good = _seed(server, tmp_path)
+    tier = RedisTier(server.url)
+    text = json.dumps(good).replace(f'"{field}": ' + json.dumps(good[field]),
+                                    f'"{field}": {value}', 1)  # fmt: skip
+    assert text != json.dumps(good)
+    server.client.set(tier.key(key), text)
+    local = ProbeCache(tmp_path / "reader.sqlite")
+    cache = TieredCache(local, tier)
+    assert cache.get_many([key]) == {}  # a miss, no traceback
+    assert cache.get_many([key]) == {}
+    assert tier.stats["bad"] == 2 and not tier.disabled
+    warnings = [r for r in _remote_warnings(cache_log) if "invalid value" in r.getMessage()]
+    assert len(warnings) == 1
+    assert len(local) == 0  # nothing copied into the local store
+    cache.close()
+
+
+def test_a_50mb_redis_value_is_refused_not_copied(server, tmp_path, cache_log):
+    key, good = _seed(server, tmp_path)
+    tier = RedisTier(server.url)
+    good["evidence"] = "x" * (50 * 2**20)
+    server.client.set(tier.key(key), json.dumps(good))
+    local = ProbeCache(tmp_path / "reader.sqlite")
+    cache = TieredCache(local, tier)
+    assert cache.get_many([key]) == {}
+    assert len(local) == 0 and tier.stats["bad"] == 1
+    assert any("bytes (limit" in r.getMessage() for r in _remote_warnings(cache_log))
+    cache.close()
+
+
+def test_a_bad_context_record_does_not_break_the_write_back(server, tmp_path):
+    key, good = _seed(server, tmp_path)
+    tier = RedisTier(server.url)
+    ctx_key = tier._ctx_key(key.device_fp, key.versions_key)
+    server.client.set(ctx_key, json.dumps({"device": 5, "package_version": "x",
+                                           "created_at": 1.0}))  # fmt: skip
+    local = ProbeCache(tmp_path / "reader.sqlite")
+    cache = TieredCache(local, tier)
+    hit = cache.get_many([key])  # "device": 5 was a TypeError in store._as_dict
+    assert key in hit and hit[key].backend == "fused"
+    assert local.get(key) == hit[key] and local.get_row(key).device is None
+    assert tier.stats["bad"] == 1
+    cache.close()
+
+
+def test_redis_strings_are_cleaned_and_far_future_contexts_refused(server, tmp_path):
+    key, good = _seed(server, tmp_path)
+    tier = RedisTier(server.url)
+    good["evidence"] = "ok \x1b]52;c;ZXZpbA==\x07 \ud800 end"
+    server.client.set(tier.key(key), json.dumps(good))
+    server.client.set(tier._ctx_key(key.device_fp, key.versions_key),
+                      json.dumps({"device": None, "package_version": "x",
+                                  "created_at": time.time() + 10 * 365 * 86400}))  # fmt: skip
+    cache = TieredCache(MemoryCache(), tier)
+    hit = cache.get_many([key])[key]
+    assert hit.evidence == "ok \ufffd]52;c;ZXZpbA==\ufffd \ufffd end"
+    rows = tier.rows_for_config(key.config_key)
+    assert rows and all(r.created_at <= time.time() + 300 for r in rows)
+    assert tier.stats["bad"] >= 1
+    cache.close()

@@ -417,6 +417,12 @@ def test_incomplete_stub_is_flagged_not_believed(tmp_path, monkeypatch):
         str(tmp_path / "broken.c"),
     ]
     subprocess.run(cmd, check=True, capture_output=True)
+    # Planted as the builder leaves its own (0600, its sha256 beside it), so it is reused.
+    target.chmod(0o600)
+    hash_file = _stubcuda._hash_path(target)
+    hash_file.write_text(_stubcuda._sha256(target))
+    hash_file.chmod(0o600)
+    assert _stubcuda.reuse_problem(target) is None
     with CudnnWorker(env=dict(os.environ)) as w:
         r = w.probe(FusedAttnConfig().to_dict(), "h100")
     assert (r["supported"], r["decided"], r["code"]) == (False, False, "cudnn.stub_incomplete")
