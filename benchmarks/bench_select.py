@@ -3,6 +3,17 @@ the plugin's ``get_attention_backend`` on a repeated config vs TE's own cached p
 
 Prints one line each, as a ratio against the reference measured in the same run:
     select memo_hit_us=... full_rule_pass_us=... ratio=...
+    select cache_hit_rule_check_us=... config_key_us=...
+
+``memo_hit_us``: a selector deciding a (config, device, policy) it decided before (its memo).
+``full_rule_pass_us``: a fresh selector (no store) deciding a NEW config object each time, equal
+to the others (llama3-8b on h100, default policy; the objects are built outside the timed loop):
+every candidate's rules are evaluated (``default_probes(graph=False)``: no cuDNN graph builds),
+nothing is remembered from an earlier object (rule verdicts are memoized per config object
+only), plus the policy filter and the ``Decision``. ``cache_hit_rule_check_us``: what a warm
+store lookup adds per config: four cached rows (the candidates' results) held to this process's
+rules (:func:`te_fl_attention.selector.narrow`) for a NEW config object each time.
+``config_key_us``: ``FusedAttnConfig.key()`` on a new object (what every store lookup needs).
     te_plugin plugin_get_attention_backend_us=... te_cached_path_us=... ratio=... (target <= 0.25)
 
 TE's cached path is what ``DotProductAttention.forward`` pays on every call when nothing changed:
@@ -83,6 +94,36 @@ def _te_comparison() -> str:
             f"ratio={o / t:.3f} (target <= 0.25)")
 
 
+def _fresh_config(rules, device, policy, n: int = 300, rounds: int = 9
+                  ) -> tuple[float, float, float]:  # fmt: skip
+    """Median us per NEW config object of a full rule pass (a fresh selector's decide), of the
+    cache-hit rule check (four cached rows narrowed) and of ``key()``, in alternating rounds;
+    the config objects are built before each timed loop."""
+    from te_fl_attention.selector import narrow
+
+    spec = preset("llama3-8b")
+    cached = Selector(rules).decide(FusedAttnConfig(**spec), device, policy).results
+    pairs = tuple(zip(rules, cached, strict=True))
+    full, check, key = [], [], []
+    for _ in range(rounds):
+        configs = [FusedAttnConfig(**spec) for _ in range(3 * n)]
+        t0 = time.perf_counter()
+        for c in configs[:n]:
+            Selector(rules).decide(c, device, policy)
+        t1 = time.perf_counter()
+        for c in configs[n:2 * n]:
+            for p, r in pairs:
+                narrow(p, r, c, device)
+        t2 = time.perf_counter()
+        for c in configs[2 * n:]:
+            c.key()
+        t3 = time.perf_counter()
+        full.append((t1 - t0) / n * 1e6)
+        check.append((t2 - t1) / n * 1e6)
+        key.append((t3 - t2) / n * 1e6)
+    return statistics.median(full), statistics.median(check), statistics.median(key)
+
+
 def main() -> None:
     device, policy = profile("h100"), Policy()
     cfg = FusedAttnConfig(**preset("llama3-8b"))
@@ -92,12 +133,7 @@ def main() -> None:
     hot = Selector(rules)
     hot.decide(cfg, device, policy)
     memo = _median_us(lambda: hot.decide(cfg, device, policy), 20000)
-
-    def full():
-        s = Selector(rules)
-        s.decide(cfg, device, policy)
-
-    full_us = _median_us(full, 300)
+    full_us, check_us, key_us = _fresh_config(rules, device, policy)
     # What a TE forward pays on a repeated config: building the config from TE's parameters
     # plus the memo hit (the plugin path).
     rebuilt = _median_us(lambda: hot.decide(FusedAttnConfig(**preset("llama3-8b")), device,
@@ -107,6 +143,8 @@ def main() -> None:
           f"ratio={full_us / memo:.0f}x")
     print(f"select memo_hit_with_config_build_us={rebuilt:.2f} "
           f"memo_hit_with_env_policy_us={env:.2f} (vs full pass {full_us:.1f} us)")
+    print(f"select cache_hit_rule_check_us={check_us:.1f} config_key_us={key_us:.1f} "
+          "(target: full pass <= 30 us)")
     print(_te_comparison())
 
 

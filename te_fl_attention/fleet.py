@@ -23,6 +23,7 @@ from typing import Any
 from .config import FusedAttnConfig
 from .device import CATALOG, DeviceProfile, local, profile
 from .policy import Policy
+from .probes import Probe
 from .reasons import (
     BACKENDS,
     DISPLAY_NAMES,
@@ -32,7 +33,7 @@ from .reasons import (
     NoBackendError,
     ProbeResult,
 )
-from .selector import Selector
+from .selector import Selector, narrow
 
 log = logging.getLogger("te_fl_attention.fleet")
 
@@ -120,13 +121,20 @@ def _named(configs: Configs) -> list[tuple[str, FusedAttnConfig]]:
 
 
 class _Recorded:
-    """A probe stand-in that never probes: decisions are replayed from recorded results."""
+    """A probe stand-in that never probes: decisions are replayed from recorded results, held
+    to this process's own rule stage (``probe``'s rules: a recorded result may only refuse
+    more, see :func:`.selector.narrow`)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, probe: Probe) -> None:
+        self.name = probe.name
+        self._probe = probe
 
     def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list:
-        return []
+        return self._probe.rules(config, device)
+
+    def narrow(self, cached: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+               ) -> ProbeResult | None:  # fmt: skip
+        return narrow(self._probe, cached, config, device)
 
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         raise LookupError(f"no recorded {self.name} result for this config")
@@ -136,9 +144,9 @@ class _Replay:
     """Decisions from results probed elsewhere (another rank, another machine), through the
     selector's own policy code: a Selector whose only cache is the recorded results."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, probes: Sequence[Probe]) -> None:
         self._data: dict[tuple[str, str], ProbeResult] = {}
-        self.selector = Selector([_Recorded(n) for n in names], cache=self)
+        self.selector = Selector([_Recorded(p) for p in probes], cache=self)
 
     def get_many(self, keys: list[Any]) -> dict[Any, ProbeResult]:
         return {k: self._data[k.config_key, k.backend] for k in keys
@@ -431,7 +439,7 @@ def plan(configs: Configs, devices: Sequence[str | DeviceProfile], policy: Polic
             found = next(((d, res) for _, d, res in real if _matches(d, dev)), None)
             if found is not None:
                 rdev, results = found
-                replay = replays.setdefault(rdev, _Replay(names))
+                replay = replays.setdefault(rdev, _Replay(sel.probes))
                 decision = replay.decide(config, rdev, results.values(), pol)
                 cell = Cell(cname, label, decision, VERIFIED, f"probed on {rdev.name} "
                             f"(cuDNN {rdev.cudnn or 'unknown'}), from the cache")  # fmt: skip
@@ -643,7 +651,7 @@ def agree(configs: Iterable[FusedAttnConfig], group: Any = None, mode: str = "lo
                         for ck, rs in p["results"].items()}  # fmt: skip
     _remember(sel, every, types, results, skip=mine.key if mine.prober == rank else None)
 
-    replays = {key: _Replay(names) for key in types}
+    replays = {key: _Replay(sel.probes) for key in types}
 
     def decide(tkey: str, ck: str, policy: Policy | None = None) -> Decision:
         t = types[tkey]

@@ -91,9 +91,17 @@ class Selector:
         """Start-up work, done once so the first selection is a lookup: resolve the device,
         digest the probes, compute the device's cache-key parts, open the store and ready its
         lookups (``warm_up``: compiled statements, the top of the table, the decoder), and parse
-        the environment's policy (what :meth:`decide` uses by default)."""
+        the environment's policy (what :meth:`decide` uses by default). The probes' rules run
+        once too (what they load once per process: package metadata, validators, parsed
+        versions), since every cache hit is held to them (:func:`narrow`)."""
         dev = profile(device)
-        self._cache_keys(FusedAttnConfig(), dev)
+        sample = FusedAttnConfig()
+        self._cache_keys(sample, dev)
+        for p in self.probes:
+            try:
+                p.rules(sample, dev)
+            except Exception:  # noqa: BLE001, S112 - a broken probe is reported when it decides
+                continue
         if self.cache is not None:
             warm_up = getattr(self.cache, "warm_up", None)
             if warm_up is not None:
@@ -124,7 +132,9 @@ class Selector:
         found = self.cache.get_many(list(keys.values())) if keys else {}
         results, fresh = [], []
         for p in self.probes:
-            result = found.get(keys[p.name]) if keys else None
+            result = found.get(keys[p.name]) if found else None
+            if result is not None:  # evidence from elsewhere: our own rules still bind
+                result = narrow(p, result, config, device)
             if result is None:
                 self.stats["probes"] += 1
                 try:
@@ -169,11 +179,11 @@ class Selector:
             if getattr(pol, stage) and dev.source == "local":
                 raw, fresh = self._stage(stage, config, dev, raw, pol)
                 source = "probe" if fresh else source
-        results = tuple(pol.filter(r) for r in raw)
+        results = tuple([pol.filter(r) for r in raw])
         by_name = {r.backend: r for r in results}
         times = _timings(results, config) if pol.measure else {}
         timed = _candidate_times(by_name, times, pol) if pol.measure else {}
-        order = pol.order(dev.sm, timed or None)
+        order = pol.order(dev.sm, timed) if timed else _order(pol, dev.sm)
         chosen = next((b for b in order if by_name[b].supported), None)
         if pol.measure:
             from . import measure
@@ -322,6 +332,27 @@ class Selector:
         return tuple(out), bool(todo)
 
 
+def narrow(probe: Probe, cached: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+           ) -> ProbeResult | None:  # fmt: skip
+    """``cached`` (a probe-cache row: this machine's earlier run, an import, a merge, the Redis
+    tier) under this process's own rule stage. The rules always run here; a cached result may
+    only refuse more than they do: where they refuse, their refusal stands whatever the row
+    claims. ``None``: the row is not a result of this candidate (probe again).
+
+    Probes say how (``probe.narrow``: FusedAttention binds TE's filters, not the support-table
+    predictions cuDNN's verdict replaces; FlashAttention flavour by flavour); any other probe is
+    held to everything its ``rules`` refuse."""
+    own = getattr(probe, "narrow", None)
+    if own is not None:
+        return own(cached, config, device)
+    if cached.backend != probe.name:
+        return None
+    reasons = probe.rules(config, device)
+    if not reasons:
+        return cached
+    return ProbeResult(probe.name, False, tuple(reasons), reasons[0].stage, "rules")
+
+
 def probe_error(backend: str, exc: BaseException) -> ProbeResult:
     """The refusal a candidate gets when its probe raises (code ``probe.error``, stage
     ``probe``): the selection goes on with the other candidates."""
@@ -334,6 +365,20 @@ def probe_error(backend: str, exc: BaseException) -> ProbeResult:
                  hint="a bug in te-fl-attention's probe: please report it with this message; "
                  "force another backend meanwhile")  # fmt: skip
     return ProbeResult(backend, False, (why,), "probe", "probe raised")
+
+
+_ORDERS: dict[tuple[Policy, int | None], tuple[str, ...]] = {}
+
+
+def _order(pol: Policy, sm: int | None) -> tuple[str, ...]:
+    """``pol.order(sm)`` (no timings), remembered per (policy, sm)."""
+    key = (pol, sm)
+    hit = _ORDERS.get(key)
+    if hit is None:
+        if len(_ORDERS) >= 1024:
+            _ORDERS.clear()
+        hit = _ORDERS[key] = pol.order(sm)
+    return hit
 
 
 def _timings(results: Iterable[ProbeResult], config: FusedAttnConfig, all_: bool = False

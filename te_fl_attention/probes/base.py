@@ -21,6 +21,7 @@ from ..reasons import ProbeResult, Reason
 Rule = Callable[[FusedAttnConfig, DeviceProfile], "Reason | None"]
 
 
+
 class Probe(Protocol):
     """One candidate backend: cheap rules first, then the real probe."""
 
@@ -40,12 +41,7 @@ def reject(code: str, message: str, *, observed: object = None, limit: object = 
 def evaluate(rules: Iterable[Rule], config: FusedAttnConfig, device: DeviceProfile
              ) -> list[Reason]:  # fmt: skip
     """Run every rule; return all refusals in rule order (TE stops at none either)."""
-    out = []
-    for rule in rules:
-        reason = rule(config, device)
-        if reason is not None:
-            out.append(reason)
-    return out
+    return [reason for rule in rules if (reason := rule(config, device)) is not None]
 
 
 @functools.lru_cache(maxsize=256)
@@ -61,7 +57,12 @@ def version(text: str | None) -> Version | None:
 
 def cudnn_version(device: DeviceProfile) -> tuple[int, int, int] | None:
     """cuDNN as TE compares it: ``(major, minor, patch)``."""
-    v = version(device.cudnn)
+    return _cudnn_triple(device.cudnn)
+
+
+@functools.lru_cache(maxsize=256)
+def _cudnn_triple(text: str | None) -> tuple[int, int, int] | None:
+    v = version(text)
     if v is None:
         return None
     rel = (*v.release, 0, 0)
@@ -99,7 +100,20 @@ class RuleProbe:
     def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
         return evaluate(self.RULES, config, device)
 
+    def narrow(self, cached: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+               ) -> ProbeResult | None:  # fmt: skip
+        """``cached`` (a result from the probe cache: another process, an import, Redis) as this
+        process's rule stage allows it: where the local rules refuse, their refusal, whatever
+        ``cached`` claims; else ``cached`` (it may only refuse more). ``None``: ``cached`` is not
+        a result of this candidate (probe again)."""
+        if cached.backend != self.name:
+            return None
+        return RuleProbe.probe(self, config, device) if self.rules(config, device) else cached
+
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        return self._rule_result(config, device)
+
+    def _rule_result(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
         reasons = self.rules(config, device)
         return ProbeResult(

@@ -18,6 +18,7 @@ Three rule groups run here, each TE condition stated once, in the group where TE
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from typing import Any
@@ -25,7 +26,16 @@ from typing import Any
 from ..config import FusedAttnConfig, te_max_batch_size, te_max_tokens
 from ..device import DeviceProfile
 from ..reasons import ProbeResult, Reason
-from .base import Rule, RuleProbe, cudnn_version, evaluate, fmt_version, no_gpu, reject, version
+from .base import (
+    Rule,
+    RuleProbe,
+    cudnn_version,
+    evaluate,
+    fmt_version,
+    no_gpu,
+    reject,
+    version,
+)
 from .common import ALL_BACKENDS
 
 F16_ARBITRARY_SEQLEN = 1
@@ -238,8 +248,7 @@ def mla_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE: "Disabling FusedAttention as MLA is not supported with qkv_layout = %s": MLA needs
     the layout group (b/s/t removed) to be ``hd_hd_hd``. TE does not strip ``paged_kv_`` first,
     so every paged layout is refused for MLA too."""
-    group = c.qkv_layout.replace("b", "").replace("s", "").replace("t", "")
-    if c.is_mla and group != "hd_hd_hd":
+    if c.is_mla and c.qkv_layout.replace("b", "").replace("s", "").replace("t", "") != "hd_hd_hd":
         return _r(
             "mla_layout",
             f"MLA (head_dim_qk = {c.head_dim_qk}, head_dim_v = {c.head_dim_v}) is not supported "
@@ -264,7 +273,7 @@ def mla_sm120_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 def thd_sm120(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE: thd on sm120 needs cuDNN 9.18.1 and a layout other than t3hd/th3d."""
-    if "thd" not in (c.q_format, c.kv_format) or d.sm != 120:
+    if d.sm != 120 or "thd" not in (c.q_format, c.kv_format):
         return None
     if _cv(d) < (9, 18, 1):
         return _r(
@@ -485,6 +494,7 @@ def _known_device(rule: Rule) -> Rule:
     return guarded
 
 
+@functools.lru_cache(maxsize=256)
 def _layout_formats(layout: str) -> tuple[str, str]:
     """The q and kv formats the C++ side reads off a layout (``nvte_get_q_format`` /
     ``nvte_get_kv_format``): ``sbhd_bs2hd`` -> (sbhd, bshd), ``t3hd`` -> (thd, thd)."""
@@ -493,6 +503,7 @@ def _layout_formats(layout: str) -> tuple[str, str]:
     return alpha[0], alpha[-1]
 
 
+@functools.lru_cache(maxsize=256)
 def _cpp_qkv_format(layout: str) -> str:
     """``nvte_get_qkv_format``: the common format, or ``q_2kv`` for mixed q/kv formats."""
     q, kv = _layout_formats(layout)
@@ -501,7 +512,12 @@ def _cpp_qkv_format(layout: str) -> str:
 
 def _ragged(c: FusedAttnConfig) -> tuple[bool, bool]:
     """``FusedAttnConfig::derive()``: ``is_ragged_q`` / ``is_ragged_kv`` (a thd q / k-v)."""
-    q, kv = _layout_formats(c.qkv_layout)
+    return _ragged_layout(c.qkv_layout)
+
+
+@functools.lru_cache(maxsize=256)
+def _ragged_layout(layout: str) -> tuple[bool, bool]:
+    q, kv = _layout_formats(layout)
     return q == "thd", kv == "thd"
 
 
@@ -600,18 +616,21 @@ def cpp_f16(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     9.26.0 (a known backward bug)."""
     if not _f16(c):
         return None
-    sm, cv = d.sm or 0, _cv(d)
+    sm = d.sm or 0
     rq, rkv = _ragged(c)
     if rq and rkv and sm < 90:
         return _c("thd_sm90", f"thd q and k/v need sm >= 90 (found sm{sm})", sm, ">= 90")
-    odd = [s for s in _step_seqlens_kv(c) if s % 128]
-    if (cv <= (9, 15, 0) and c.is_training and _cpp_qkv_format(c.qkv_layout) in ("bshd", "sbhd")
-            and odd and c.cuda_graph and "padding" not in c.attn_mask_type):  # fmt: skip
-        return _c("cuda_graph_cudnn", "cuDNN <= 9.15.0 bug: CUDA graph training with s_kv % 128 "
-                  "!= 0", (fmt_version(cv), odd[0]),
-                  "cuDNN > 9.15.0 or s_kv % 128 == 0 (each context-parallel step)")  # fmt: skip
-    if c.is_training and rq and _ragged_graph(d) and c.softmax_type == "learnable" \
-            and cv < (9, 26, 0):  # fmt: skip
+    if not c.is_training:  # both refusals below are training's
+        return None
+    cv = _cv(d)
+    if (c.cuda_graph and cv <= (9, 15, 0) and "padding" not in c.attn_mask_type
+            and _cpp_qkv_format(c.qkv_layout) in ("bshd", "sbhd")):  # fmt: skip
+        odd = [s for s in _step_seqlens_kv(c) if s % 128]
+        if odd:
+            return _c("cuda_graph_cudnn", "cuDNN <= 9.15.0 bug: CUDA graph training with s_kv % "
+                      "128 != 0", (fmt_version(cv), odd[0]),
+                      "cuDNN > 9.15.0 or s_kv % 128 == 0 (each context-parallel step)")
+    if rq and _ragged_graph(d) and c.softmax_type == "learnable" and cv < (9, 26, 0):
         return _c("thd_learnable_bwd", "cuDNN < 9.26.0 bug: thd backward with the learnable "
                   "softmax", fmt_version(cv), ">= 9.26.0")  # fmt: skip
     return None
@@ -1018,10 +1037,39 @@ class CudnnProbe(RuleProbe):
         self.graph = graph
         self.timeout_s = timeout_s
 
+    @staticmethod
+    def binding(config: FusedAttnConfig, device: DeviceProfile) -> tuple[Reason, ...]:
+        """The binding refusals (TE's Python filters, its C++ query, determinism)."""
+        return tuple(evaluate(BINDING_RULES, config, device))
+
+    @staticmethod
+    def predicted(config: FusedAttnConfig, device: DeviceProfile) -> tuple[Reason, ...]:
+        """The support table's predicted refusals (not binding)."""
+        return tuple(evaluate(TABLE_RULES, config, device))
+
+    def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
+        return [*self.binding(config, device), *self.predicted(config, device)]
+
+    def narrow(self, cached: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+               ) -> ProbeResult | None:  # fmt: skip
+        """A cached result under this process's binding rules: where they refuse, the rule
+        stage's own refusal (as :meth:`probe` gives it), whatever ``cached`` claims; else
+        ``cached`` (it may only refuse more). The table's predictions do not bind: cuDNN's
+        cached verdict stands over them. ``None``: not a fused result (probe again)."""
+        if cached.backend != self.name:
+            return None
+        binding = self.binding(config, device)
+        return self._probe(config, device, binding) if binding else cached
+
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        return self._probe(config, device, self.binding(config, device))
+
+    def _probe(self, config: FusedAttnConfig, device: DeviceProfile,
+               binding: tuple[Reason, ...]) -> ProbeResult:  # fmt: skip
+        """The verdict given the binding refusals (the rule stage decides when there are any,
+        or when no graph is built)."""
         t0 = time.perf_counter()
-        binding = evaluate(BINDING_RULES, config, device)
-        predicted = evaluate(TABLE_RULES, config, device)
+        predicted = self.predicted(config, device)
         detail: dict[str, Any] = {"sub_backend": fused_sub_backend(config), "cudnn": device.cudnn}
         answer, note = (None, None)
         if not binding and self.graph:

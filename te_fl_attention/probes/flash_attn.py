@@ -41,7 +41,19 @@ FA4_PREFERS_FA3_CODE = "fa4.prefer_fa3"
 
 
 def _fa_version(d: DeviceProfile, flavour: str) -> Version | None:
-    v = version(d.version(FLAVOUR_FIELDS[flavour]))
+    return _flavour_version(flavour, d.version(FLAVOUR_FIELDS[flavour]))
+
+
+@functools.lru_cache(maxsize=256)
+def _version_text(flavour: str, text: str | None) -> str | None:
+    """``str()`` of :func:`_fa_version` (what a flavour's result records)."""
+    v = _flavour_version(flavour, text)
+    return str(v) if v else None
+
+
+@functools.lru_cache(maxsize=256)
+def _flavour_version(flavour: str, text: str | None) -> Version | None:
+    v = version(text)
     if v is not None and flavour == "fa3":
         v = Version(v.public)
     return v
@@ -189,15 +201,18 @@ def _installed(flavour: str) -> Rule:
     name = DISPLAY_NAMES[flavour]
     dist = {"fa2": "flash-attn", "fa3": "flash-attn-3", "fa4": "flash-attn-4"}[flavour]
 
+    @functools.lru_cache(maxsize=4)
+    def refusal(local: bool) -> Reason:
+        stage, where = ("import", "installed") if local else ("rule", "assumed installed")
+        return reject(f"{flavour}.not_installed", f"{name} ({dist}) is not {where}",
+                      observed=None, limit=dist, stage=stage,
+                      hint=f"pip install {dist}" if flavour != "fa3" else
+                      "build flash-attn 3 from flash-attention/hopper")  # fmt: skip
+
     def installed(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
         """TE drops flavours whose package is not installed (package metadata)."""
         if _fa_version(d, flavour) is None:
-            stage = "import" if d.source == "local" else "rule"
-            where = "installed" if d.source == "local" else "assumed installed"
-            return reject(f"{flavour}.not_installed", f"{name} ({dist}) is not {where}",
-                          observed=None, limit=dist, stage=stage,
-                          hint=f"pip install {dist}" if flavour != "fa3" else
-                          "build flash-attn 3 from flash-attention/hopper")  # fmt: skip
+            return refusal(d.source == "local")  # one immutable Reason, built once
         return None
 
     installed.__name__ = f"{flavour}_installed"
@@ -241,12 +256,20 @@ def _too_old(flavour: str, minimum: str, feature: str) -> Rule:
 
 
 # ----------------------------------------------------------------------------- FlashAttention 2
+@functools.lru_cache(maxsize=64)
+def _fa2_out_of_range(text: str | None, blackwell: bool) -> tuple[Version, Version] | None:
+    """``(version, lower bound)`` when flash-attn 2 ``text`` is outside TE's range, else None."""
+    v = _flavour_version("fa2", text)
+    lo = FA2_MIN_BLACKWELL if blackwell else FA2_MIN
+    return (v, lo) if v is not None and not (lo <= v < FA2_MAX) else None
+
+
 def fa2_version_range(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE's backends.py: flash-attn 2 counts as installed only for 2.1.1 <= v < 2.8.4
     (2.7.3+ on sm >= 100)."""
-    v = _fa_version(d, "fa2")
-    lo = FA2_MIN_BLACKWELL if (d.sm or 0) >= 100 else FA2_MIN
-    if v is not None and not (lo <= v < FA2_MAX):
+    bad = _fa2_out_of_range(d.version(FLAVOUR_FIELDS["fa2"]), (d.sm or 0) >= 100)
+    if bad is not None:
+        v, lo = bad
         return reject(
             "fa2.version_range",
             f"flash-attn {v} is outside TE's supported range",
@@ -292,23 +315,26 @@ def fa2_softcap(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return None
 
 
+#: The "needs flash-attn X+" rules :func:`_fa2_versioned` / :func:`_fa2_paged_version` apply.
+_FA2_WINDOW, _FA2_ALIBI, _FA2_DETERMINISTIC, _FA2_PAGED = (
+    _too_old("fa2", "2.3", "sliding window attention"), _too_old("fa2", "2.4", "ALiBi"),
+    _too_old("fa2", "2.4.1", "deterministic execution"), _too_old("fa2", "2.5", "paged attention"))
+
+
 def _fa2_versioned(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE: sliding window needs 2.3+, ALiBi 2.4+, deterministic 2.4.1+ (paged 2.5+ above)."""
-    for needed, minimum, feature in (
-        (c.has_window, "2.3", "sliding window attention"),
-        (c.bias_type == "alibi", "2.4", "ALiBi"),
-        (c.deterministic, "2.4.1", "deterministic execution"),
-    ):
-        if needed:
-            reason = _too_old("fa2", minimum, feature)(c, d)
-            if reason:
-                return reason
+    if c.has_window and (reason := _FA2_WINDOW(c, d)):
+        return reason
+    if c.bias_type == "alibi" and (reason := _FA2_ALIBI(c, d)):
+        return reason
+    if c.deterministic and (reason := _FA2_DETERMINISTIC(c, d)):
+        return reason
     return None
 
 
 def _fa2_paged_version(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """TE: "Disabling FlashAttention 2 as paged attention requires flash-attn 2.5+"."""
-    return _too_old("fa2", "2.5", "paged attention")(c, d) if c.paged else None
+    return _FA2_PAGED(c, d) if c.paged else None
 
 
 FA2: tuple[Rule, ...] = (
@@ -640,23 +666,79 @@ class FlashAttnProbe:
         self.run = run
 
     def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
-        return list(self.probe(config, device).reasons)
+        """The rule stage's refusals (none when a flavour passes its rules); no import, no run."""
+        return list(combine(self.rule_stage(config, device)).reasons)
 
-    def variant(self, flavour: str, config: FusedAttnConfig, device: DeviceProfile,
-                shared: list[Reason]) -> ProbeResult:  # fmt: skip
-        own = evaluate(FLAVOUR_RULES[flavour], config, device)
-        v = _fa_version(device, flavour)
-        result = ProbeResult(
+    @staticmethod
+    def shared(config: FusedAttnConfig, device: DeviceProfile) -> tuple[Reason, ...]:
+        """The refusals of the rules TE applies to FlashAttention as a whole."""
+        return tuple(evaluate(SHARED, config, device))
+
+    def rule_variant(self, flavour: str, config: FusedAttnConfig, device: DeviceProfile,
+                     shared: tuple[Reason, ...] | None = None) -> ProbeResult:  # fmt: skip
+        """``flavour``'s rule-stage result (the shared rules, then its own); ``shared``: the
+        shared rules' refusals, when already known."""
+        if shared is None:
+            shared = self.shared(config, device)
+        return self._rule_variant(flavour, config, device, list(shared), FLAVOUR_RULES[flavour])
+
+    def rule_stage(self, config: FusedAttnConfig, device: DeviceProfile
+                   ) -> tuple[ProbeResult, ...]:  # fmt: skip
+        """Each flavour's rule-stage result, in TE's precedence."""
+        shared = self.shared(config, device)
+        return tuple(self.rule_variant(f, config, device, shared) for f in PRECEDENCE)
+
+    @staticmethod
+    def _rule_variant(flavour: str, config: FusedAttnConfig, device: DeviceProfile,
+                      shared: list[Reason], rules: tuple[Rule, ...],
+                      own: list[Reason] | None = None) -> ProbeResult:  # fmt: skip
+        """The flavour's rule-stage result; ``own``: its rules' refusals, when already known."""
+        if own is None:
+            own = evaluate(rules, config, device)
+        return ProbeResult(
             backend=flavour,
             supported=not shared and not own,
             reasons=tuple(shared + own),
             stage="import" if own and own[0].stage == "import" else "rule",
             evidence="rules",
-            detail={"version": str(v) if v else None},
+            detail={"version": _version_text(flavour, device.version(FLAVOUR_FIELDS[flavour]))},
         )
+
+    def variant(self, flavour: str, config: FusedAttnConfig, device: DeviceProfile,
+                shared: list[Reason]) -> ProbeResult:  # fmt: skip
+        result = self._rule_variant(flavour, config, device, shared, FLAVOUR_RULES[flavour])
+        return self._after_rules(result, config, device)
+
+    def _after_rules(self, result: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+                     ) -> ProbeResult:  # fmt: skip
         if result.supported and self.run and device.source == "local":
-            return self._local(flavour, config, result)
+            return self._local(result.backend, config, result)
         return result
+
+    def narrow(self, cached: ProbeResult, config: FusedAttnConfig, device: DeviceProfile
+               ) -> ProbeResult | None:  # fmt: skip
+        """A cached ``flash`` result under this process's rules, flavour by flavour: a flavour
+        ``cached`` claims supported and the local rules refuse gets their refusal; the others
+        keep their cached result (it may only refuse more); the candidate is supported when a
+        flavour is. ``None``: ``cached`` is not a flash result as this probe writes it (one
+        variant per flavour, supported when one is): probe again."""
+        if cached.backend != self.name:
+            return None
+        variants = cached.variants
+        if tuple([v.backend for v in variants]) != PRECEDENCE:
+            return None  # not what this probe writes: probe again
+        # a flavour refused in cache stays refused; one claimed supported must pass our rules
+        out, changed, supported = [], False, False
+        for v in variants:
+            if v.supported:
+                supported = True
+                n = self._narrow_variant(v, config, device)
+                changed = changed or n is not v
+                v = n
+            out.append(v)
+        if supported != cached.supported:
+            return None  # not what this probe writes (supported when a flavour is): probe again
+        return combine(tuple(out), cached.elapsed_ms) if changed else cached
 
     def _local(self, flavour: str, config: FusedAttnConfig, result: ProbeResult) -> ProbeResult:
         """The import and tiny-run stages on this machine."""
@@ -691,9 +773,29 @@ class FlashAttnProbe:
                                    evidence=f"import {module}" + ("" if note else " + tiny run"),
                                    detail=detail)  # fmt: skip
 
+    def _narrow_variant(self, cached: ProbeResult, config: FusedAttnConfig,
+                        device: DeviceProfile) -> ProbeResult:  # fmt: skip
+        """``cached`` (a flavour claimed supported) when the local rules pass it, else their
+        refusal (:meth:`rule_variant`'s result). The passing case builds no result."""
+        flavour = cached.backend
+        rules = FLAVOUR_RULES.get(flavour)
+        if rules is None:  # not a flavour of ours
+            return self.rule_variant(flavour, config, device)
+        shared = self.shared(config, device)
+        if not shared:
+            own = evaluate(rules, config, device)
+            if not own:
+                return cached
+            local = self._rule_variant(flavour, config, device, [], rules, own)
+        else:
+            local = self.rule_variant(flavour, config, device, shared)
+        return cached if local.supported else local
+
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
-        shared = evaluate(SHARED, config, device)
-        variants = tuple(self.variant(f, config, device, shared) for f in PRECEDENCE)
+        if not self.run or device.source != "local":  # the rule stage is the verdict
+            return combine(self.rule_stage(config, device), (time.perf_counter() - t0) * 1e3)
+        variants = tuple(self._after_rules(r, config, device)
+                         for r in self.rule_stage(config, device))  # fmt: skip
         return combine(variants, (time.perf_counter() - t0) * 1e3)
 

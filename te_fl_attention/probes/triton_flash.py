@@ -40,9 +40,18 @@ def requires_gpu(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     return _WHATIF_NO_GPU(c, d) if d.source != "local" else None
 
 
+#: Whether the kernel module exists, per ``find_spec`` function (it does not change in a process;
+#: a test that swaps ``find_spec`` asks again).
+_KERNEL_FOUND: dict[object, bool] = {}
+
+
 def kernel_available(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """Our kernel module must exist in this installation (it ships with the Triton issue)."""
-    if importlib.util.find_spec("te_fl_attention.kernels.triton_flash") is None:
+    find = importlib.util.find_spec
+    found = _KERNEL_FOUND.get(find)
+    if found is None:
+        found = _KERNEL_FOUND[find] = find("te_fl_attention.kernels.triton_flash") is not None
+    if not found:
         return reject(
             "triton.kernel_missing",
             "the Triton flash kernel is not part of this te-fl-attention build yet",
