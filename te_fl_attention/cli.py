@@ -191,6 +191,11 @@ def cmd_device(args: argparse.Namespace) -> int:
     if args.name == "capture":
         return cmd_capture(args)
     if args.list:
+        if args.json:
+            print(json.dumps([{"name": name, "sm": dev.sm, "sm_count": dev.sm_count,
+                               "memory_gib": dev.memory_gib} for name, dev in CATALOG.items()],
+                             indent=2, allow_nan=False))  # fmt: skip
+            return EXIT_OK
         for name, dev in CATALOG.items():
             print(f"{name:10s} sm{dev.sm}  {dev.sm_count} SMs  {dev.memory_gib:g} GiB")
         return EXIT_OK

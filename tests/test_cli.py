@@ -69,6 +69,8 @@ def test_device_command():
     assert data["sm"] == 90 and data["cudnn"] == "9.10.2" and data["memory_gib"] == 141.0
     p = run("device", "--list")
     assert "b200" in p.stdout and p.returncode == 0
+    p = run("device", "--list", "--json")  # --json is honoured with --list too
+    assert {d["name"] for d in json.loads(p.stdout)} >= {"a100", "h100", "b200"}
 
 
 # ----------------------------------------------------------------- issue 12: input validation
