@@ -11,11 +11,13 @@ that adds the stage, see :meth:`Selector.stage_env`), so probe rows are shared b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import sys
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 from .config import FusedAttnConfig
@@ -31,6 +33,31 @@ class ResultCache(Protocol):
     def get_many(self, keys: list[Any]) -> dict[Any, ProbeResult]: ...
 
     def put_many(self, items: list[tuple]) -> int: ...
+
+
+#: Everything in the package whose change can change a verdict, relative to the package: the
+#: whole probes package (TE's rules, the support table, the graph builders, the cuDNN worker,
+#: the stub driver and its C source), the kernels the tiny runs execute, config normalization,
+#: the reason model, the verify stage, the run and cuDNN workers, the device descriptors.
+VERDICT_CODE = ("probes", "kernels", "descriptors", "config.py", "reasons.py", "verify.py",
+                "run_worker.py", "workers.py")  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def verdict_code_digest() -> str:
+    """sha256 over the files of :data:`VERDICT_CODE` (names and bytes, sorted; read once per
+    process): an edit to any of them makes every cache key new, a miss rather than a stale hit."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in VERDICT_CODE:
+        path = root / name
+        files = (sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+                        and f.suffix not in (".pyc", ".so"))
+                 if path.is_dir() else [path])  # fmt: skip
+        for f in files:
+            digest.update(f.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(f.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 class Selector:
@@ -58,30 +85,21 @@ class Selector:
 
     # ------------------------------------------------------------------ results
     def probe_env(self) -> dict[str, Any]:
-        """What this process's probes can run, folded into every cache key: a digest of the
-        probe and rule sources and of the tiny-run code (runner, problem builder, worker), the
-        installed cuDNN / cudnn-frontend, whether graphs are built.
+        """What this process's probes can run, folded into every cache key: a digest of every
+        source that can change a verdict (:func:`verdict_code_digest`) and of each probe's own
+        module and settings (whether graphs are built...), the installed cuDNN / cudnn-frontend.
         A change in any of them is a miss, never a stale hit."""
         if self._probe_env is None:
             from .device import installed_versions
 
-            digest = hashlib.sha256()
+            digest = hashlib.sha256(verdict_code_digest().encode())
             for p in self.probes:
                 mod = sys.modules.get(type(p).__module__)
                 path = getattr(mod, "__file__", None)
-                if path and os.path.exists(path):
+                if path and os.path.exists(path):  # a probe from outside the package too
                     with open(path, "rb") as fh:
                         digest.update(fh.read())
                 digest.update(repr(sorted(vars(p).items())).encode())
-            here = os.path.dirname(__file__)
-            # the probe helpers, and what the local tiny runs execute (runner, problem builder,
-            # worker): a change there changes stage-run verdicts
-            for path in (os.path.join(here, "probes", "base.py"),
-                         os.path.join(here, "probes", "common.py"),
-                         os.path.join(here, "kernels", "run.py"), os.path.join(here, "verify.py"),
-                         os.path.join(here, "run_worker.py")):  # fmt: skip
-                with open(path, "rb") as fh:
-                    digest.update(fh.read())
             inst = installed_versions()
             self._probe_env = {"rules": digest.hexdigest()[:32], "cudnn": inst["cudnn"],
                                "cudnn_frontend": inst["cudnn_frontend"]}  # fmt: skip
