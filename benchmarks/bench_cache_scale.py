@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from te_fl_attention.cache import CacheKey, ProbeCache, export, import_  # noqa: E402
 from te_fl_attention.cache.keys import versions_key  # noqa: E402
-from te_fl_attention.cache.store import CacheRow, make_row  # noqa: E402
+from te_fl_attention.cache.rows import CacheRow, make_row  # noqa: E402
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 from te_fl_attention.device import profile  # noqa: E402
 from te_fl_attention.reasons import ProbeResult, Reason  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
-from te_fl_attention.probes.cudnn_worker import CudnnWorker  # noqa: E402
+from te_fl_attention.probes.fused.worker import CudnnWorker  # noqa: E402
 
 
 def configs(n: int, seed: int = 0) -> list[tuple[FusedAttnConfig, str]]:

@@ -278,10 +278,10 @@ class Outcome:
 
 def _reset_process_state() -> None:
     from te_fl_attention import device, selector
-    from te_fl_attention.cache import store
+    from te_fl_attention.cache import tiered
 
     selector._DEFAULT = None
-    store.reset_default_cache()
+    tiered.reset_default_cache()
     device.local.cache_clear()
 
 

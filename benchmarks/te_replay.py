@@ -10,7 +10,7 @@ it, and handed to
   capability, cuDNN version and flash-attn installs patched to the profile); its C++ cuDNN query
   ``tex.get_fused_attn_backend``, which cannot run here, refuses what TE's C++ refuses before
   building a graph (``te_cpu.cpp_prechecks``, an oracle written from TE's C++) and otherwise
-  answers with our prediction of cuDNN's verdict (``probes.cudnn.TABLE_RULES``, via
+  answers with our prediction of cuDNN's verdict (``probes.fused.table.TABLE_RULES``, via
   ``tests/te/stub_tex.table_fused_backend``), and
 * our plugin's ``get_attention_backend`` (rule stage: ``Selector(default_probes(graph=False))``)
   with the same policy (TE's defaults; our Triton candidate off, ``TE_FL_ATTN_TRITON=0``, since

@@ -77,9 +77,9 @@ COLUMNS_FOR = {
 
 
 def _result(candidate: str, config: FusedAttnConfig, device_spec: str) -> ProbeResult:
-    from .probes.cudnn import CudnnProbe
-    from .probes.flash_attn import FlashAttnProbe
-    from .probes.triton_flash import TritonFlashProbe
+    from .probes.flash.probe import FlashAttnProbe
+    from .probes.fused.probe import CudnnProbe
+    from .probes.triton import TritonFlashProbe
     from .probes.unfused import UnfusedProbe
 
     dev = profile(device_spec)

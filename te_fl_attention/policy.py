@@ -17,9 +17,14 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from .probes.flash_attn import FA4_PREFERS_FA3_CODE
-from .probes.unfused import FP8_EMULATION_CODE
-from .reasons import BACKENDS, FLASH_FLAVOURS, ProbeResult, Reason
+from .reasons import (
+    BACKENDS,
+    FA4_PREFERS_FA3_CODE,
+    FLASH_FLAVOURS,
+    FP8_EMULATION_CODE,
+    ProbeResult,
+    Reason,
+)
 from .switches import check_switches, nvte_emulate_fp8, nvte_int, switch
 
 #: Names accepted by ``force=``/``prefer()`` -> canonical candidate or flash flavour.

@@ -32,6 +32,12 @@ DISPLAY_NAMES = {
     "fa4": "FlashAttention 4",
 }
 
+#: Refusal codes the policy lifts (it reads them here, not from the probes): FA4's preference for
+#: an installed FA3 (TE only prefers an enabled FA3), and unfused FP8 when
+#: NVTE_UnfusedDPA_Emulate_FP8=1.
+FA4_PREFERS_FA3_CODE = "fa4.prefer_fa3"
+FP8_EMULATION_CODE = "fp8.unfused"
+
 
 _new = object.__new__
 

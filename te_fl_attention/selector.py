@@ -296,7 +296,7 @@ class Selector:
         from . import measure, verify
         from .cache.keys import CacheKey
         from .kernels import run as runner
-        from .probes.flash_attn import combine
+        from .probes.flash.probe import combine
 
         mod = verify if stage == "verify" else measure
         wanted = set()
@@ -427,7 +427,7 @@ def _candidate_times(by_name: dict[str, ProbeResult], times: dict[str, float], p
 def _default_probes(graph: bool = True) -> tuple[Probe, ...]:
     """:func:`default_probes`, with the Triton probe allowed to use the Triton interpreter when
     ``TRITON_INTERPRET`` is set (read here: probes read no environment)."""
-    from .probes.triton_flash import TritonFlashProbe
+    from .probes.triton import TritonFlashProbe
 
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return default_probes(graph=graph)
@@ -447,7 +447,7 @@ def default_selector() -> Selector:
     global _DEFAULT
     if _DEFAULT is None:
         from .cache import tuning
-        from .cache.store import default_cache
+        from .cache.tiered import default_cache
 
         graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
         cache = default_cache()

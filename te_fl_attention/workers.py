@@ -1,7 +1,7 @@
 """Worker processes: a long-lived child per job kind, JSON lines over pipes, timeouts, respawn.
 
 Two kinds of work must not run in the caller's process: cuDNN graph planning (cuDNN may abort its
-process; the deviceless setup loads a stub driver; :mod:`.probes.cudnn_worker`) and GPU tiny
+process; the deviceless setup loads a stub driver; :mod:`.probes.fused.worker`) and GPU tiny
 runs (a faulting kernel poisons its CUDA context; :mod:`.run_worker`). Both use
 :class:`JsonWorker`:
 

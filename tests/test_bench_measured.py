@@ -14,9 +14,9 @@ import torch
 
 from te_fl_attention import FusedAttnConfig, Selector, measure
 from te_fl_attention.kernels import run as runner
-from te_fl_attention.probes.cudnn import CudnnProbe
-from te_fl_attention.probes.flash_attn import FlashAttnProbe
-from te_fl_attention.probes.triton_flash import TritonFlashProbe
+from te_fl_attention.probes.flash.probe import FlashAttnProbe
+from te_fl_attention.probes.fused.probe import CudnnProbe
+from te_fl_attention.probes.triton import TritonFlashProbe
 from te_fl_attention.probes.unfused import UnfusedProbe
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_measured.py"

@@ -17,8 +17,8 @@ from te_fl_attention.selector import VERDICT_CODE
 PACKAGE = Path(te_fl_attention.__file__).resolve().parent
 
 #: One module per room that decides (the probe modules themselves were covered before).
-EDITED = ("probes/cudnn_graph.py", "probes/cudnn_worker.py", "probes/_stubcuda.py",
-          "probes/stubcuda.c", "probes/common.py", "kernels/triton_flash.py", "config.py",
+EDITED = ("probes/fused/graph.py", "probes/fused/worker.py", "probes/fused/stubcuda.py",
+          "probes/fused/stubcuda.c", "probes/common.py", "kernels/triton_flash.py", "config.py",
           "workers.py", "descriptors/h100.json")  # fmt: skip
 
 SCRIPT = """

@@ -1,7 +1,7 @@
 """On a real GPU (``@pytest.mark.gpu``; skipped without CUDA, run by scripts/gpu_acceptance.sh).
 
 **Never ran on a GPU yet** (none was lent while writing them). Their CPU twins run the same code
-paths through the hardware seam (tests/fakegpu): ``tests/probes/test_cudnn_local.py``,
+paths through the hardware seam (tests/fakegpu): ``tests/probes/fused/test_local.py``,
 ``tests/test_run_worker.py``, ``tests/test_verify_measure.py``, ``tests/kernels/``.
 """
 

@@ -11,7 +11,7 @@ from te_fl_attention import verify
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
 from te_fl_attention.presets import preset
-from te_fl_attention.probes.flash_attn import FlashAttnProbe
+from te_fl_attention.probes.flash.probe import FlashAttnProbe
 from te_fl_attention.run_worker import RunFailure, RunWorker
 from te_fl_attention.workers import current_device
 

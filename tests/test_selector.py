@@ -130,8 +130,8 @@ class _Raises:
 
 def test_a_probe_that_raises_is_that_candidates_refusal():
     from te_fl_attention.cache import MemoryCache
-    from te_fl_attention.probes.flash_attn import FlashAttnProbe
-    from te_fl_attention.probes.triton_flash import TritonFlashProbe
+    from te_fl_attention.probes.flash.probe import FlashAttnProbe
+    from te_fl_attention.probes.triton import TritonFlashProbe
     from te_fl_attention.probes.unfused import UnfusedProbe
     from te_fl_attention.render import render, summary
 
@@ -154,8 +154,8 @@ def test_a_raising_flash_probe_has_no_variants_and_is_refused():
     class RaisesFlash(_Raises):
         name = "flash"
 
-    from te_fl_attention.probes.cudnn import CudnnProbe
-    from te_fl_attention.probes.triton_flash import TritonFlashProbe
+    from te_fl_attention.probes.fused.probe import CudnnProbe
+    from te_fl_attention.probes.triton import TritonFlashProbe
     from te_fl_attention.probes.unfused import UnfusedProbe
 
     probes = (CudnnProbe(graph=False), RaisesFlash(), TritonFlashProbe(), UnfusedProbe())

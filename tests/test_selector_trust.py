@@ -170,12 +170,12 @@ def test_an_imported_poisoned_row_cannot_widen_explain_or_select(tmp_path, monke
     """The issue's reproduction: export a real fp32 decision on h100, flip the fused row to
     supported, import it into a fresh store: ``explain`` and ``select()`` still refuse fused."""
     from te_fl_attention import cli, selector
-    from te_fl_attention.cache import store
+    from te_fl_attention.cache import tiered
 
     def fresh(path: str) -> None:
         monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / path))
         selector._DEFAULT = None
-        store.reset_default_cache()
+        tiered.reset_default_cache()
 
     argv = ["explain", "--dtype", "fp32", "--seqlen", "256", "--num-heads", "8", "--device",
             "h100", "--json"]  # fmt: skip
@@ -206,7 +206,7 @@ def test_an_imported_poisoned_row_cannot_widen_explain_or_select(tmp_path, monke
         assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
     finally:
         selector._DEFAULT = None
-        store.reset_default_cache()
+        tiered.reset_default_cache()
 
 
 def test_recorded_fleet_results_are_held_to_the_local_rules():
@@ -224,16 +224,18 @@ def test_recorded_fleet_results_are_held_to_the_local_rules():
 
 def test_rule_verdicts_are_memoized_per_config_object_and_rule_set(monkeypatch):
     """A config seen again reuses its rule verdicts; replacing a rule set is a new verdict."""
-    from te_fl_attention.probes import cudnn
+    from te_fl_attention.probes.fused import cpp as fused_cpp
+    from te_fl_attention.probes.fused import probe as fused_probe
+    from te_fl_attention.probes.fused import rules as fused_rules
 
-    probe = cudnn.CudnnProbe()
+    probe = fused_probe.CudnnProbe()
     c, d = FusedAttnConfig(**preset("llama3-8b")), profile("h100")
     assert probe.binding(c, d) == () and probe.binding(c, d) is probe.binding(c, d)
 
     def refuse_all(config, device):
-        return cudnn._r("test", "refused by a test rule", None, None)
+        return fused_rules._r("test", "refused by a test rule", None, None)
 
-    monkeypatch.setattr(cudnn, "BINDING_RULES", (*cudnn.BINDING_RULES, refuse_all))
+    monkeypatch.setattr(fused_probe, "BINDING_RULES", (*fused_cpp.BINDING_RULES, refuse_all))
     assert [r.code for r in probe.binding(c, d)] == ["fused.test"]
     assert not probe.probe(c, d).supported
     monkeypatch.undo()

@@ -19,9 +19,9 @@ from te_fl_attention.device import profile
 from te_fl_attention.kernels import reference
 from te_fl_attention.kernels import run as runner
 from te_fl_attention.presets import preset
-from te_fl_attention.probes.cudnn import CudnnProbe
-from te_fl_attention.probes.flash_attn import FlashAttnProbe
-from te_fl_attention.probes.triton_flash import TritonFlashProbe
+from te_fl_attention.probes.flash.probe import FlashAttnProbe
+from te_fl_attention.probes.fused.probe import CudnnProbe
+from te_fl_attention.probes.triton import TritonFlashProbe
 from te_fl_attention.probes.unfused import UnfusedProbe
 from te_fl_attention.reasons import ProbeResult, Reason
 

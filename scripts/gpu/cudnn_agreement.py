@@ -39,7 +39,7 @@ sys.path[:0] = [p for p in (str(HERE), str(ROOT)) if p not in sys.path]
 
 from families import write_report  # noqa: E402
 
-#: ``probe(config_dict, descriptor, sm, use_real_gpu) -> cudnn_graph result``.
+#: ``probe(config_dict, descriptor, sm, use_real_gpu) -> fused.graph result``.
 Prober = Callable[[Mapping[str, Any], Mapping[str, Any] | None, int | None, bool], dict[str, Any]]
 
 QUESTIONS = ("real", "captured", "catalog")
@@ -112,7 +112,7 @@ def catalog_twin(captured: Mapping[str, Any], name: str | None = None
 
 def worker_prober(ordinal: int, timeout_s: float) -> tuple[Prober, Callable[[], Any]]:
     """Questions answered by the probe worker of device ``ordinal`` (crash-isolated)."""
-    from te_fl_attention.probes.cudnn_worker import get_worker
+    from te_fl_attention.probes.fused.worker import get_worker
 
     w = get_worker(ordinal)
 
@@ -125,13 +125,13 @@ def worker_prober(ordinal: int, timeout_s: float) -> tuple[Prober, Callable[[], 
 
 def in_process_prober() -> tuple[Prober, Callable[[], Any]]:
     """Questions answered in this process (the CPU test; a cuDNN abort ends the script)."""
-    from te_fl_attention.probes import cudnn_graph
+    from te_fl_attention.probes.fused import graph as fused_graph
 
     def probe(cfg: Mapping[str, Any], desc: Mapping[str, Any] | None, sm: int | None,
               real: bool) -> dict[str, Any]:  # fmt: skip
-        return cudnn_graph.probe_config(cfg, desc, sm, use_real_gpu=real)
+        return fused_graph.probe_config(cfg, desc, sm, use_real_gpu=real)
 
-    return probe, lambda: {"in_process": True, **cudnn_graph.backend_status()}
+    return probe, lambda: {"in_process": True, **fused_graph.backend_status()}
 
 
 def select(families: Sequence[str] | None, limit: int | None) -> list[tuple[str, Any]]:
@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         if not args.in_process:
-            from te_fl_attention.probes.cudnn_worker import close_workers
+            from te_fl_attention.probes.fused.worker import close_workers
 
             close_workers()
     for line in report_lines(result["rows"]):

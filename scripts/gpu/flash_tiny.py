@@ -42,7 +42,7 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
 def run() -> dict[str, Any]:
     from te_fl_attention.config import FusedAttnConfig
     from te_fl_attention.device import local
-    from te_fl_attention.probes.flash_attn import FlashAttnProbe
+    from te_fl_attention.probes.flash.probe import FlashAttnProbe
 
     device = local()
     probe = FlashAttnProbe()

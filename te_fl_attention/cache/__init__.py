@@ -6,15 +6,10 @@ Importing this package is cheap (stdlib only; no torch, no rich).
 from __future__ import annotations
 
 from .keys import PROBE_SCHEMA, CacheKey, package_version, versions_key
-from .store import (
-    CacheRow,
-    MemoryCache,
-    ProbeCache,
-    default_cache,
-    default_path,
-    open_cache,
-    reset_default_cache,
-)
+from .memory import MemoryCache
+from .rows import CacheRow
+from .sqlite import ProbeCache
+from .tiered import default_cache, default_path, open_cache, reset_default_cache
 from .transfer import ImportReport, MergeReport, export, import_, merge, warm_from
 
 __all__ = [

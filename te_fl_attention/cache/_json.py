@@ -6,7 +6,7 @@ raises: orjson answers only where the two agree, and anything orjson refuses is 
 differently is never handed to it: integers outside 64 bits (orjson makes them floats: a run of
 19 or more digits that is not a fraction, right after a ``.``, goes to :mod:`json`) and deep
 nesting (orjson may accept what :mod:`json` refuses with ``RecursionError``: text with more than
-:data:`MAX_BRACKETS` brackets goes to :mod:`json`). ``tests/cache/test_cache_json.py`` checks the
+:data:`MAX_BRACKETS` brackets goes to :mod:`json`). ``tests/cache/test_json.py`` checks the
 agreement on generated and mutated input.
 
 :func:`dumps_loaded` writes a value that :func:`loads` returned through orjson (plain JSON types,

@@ -1,4 +1,4 @@
-"""Parallel import of a large JSON Lines export (used by :func:`transfer.import_`).
+"""Parallel import of a large JSON Lines export (used by :func:`.transfer.import_`).
 
 The file is cut into byte ranges at line starts. Each range is checked and stored by its own
 ``python -m te_fl_attention.cache._parallel`` process into a private temporary store (the same
@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .store import ProbeCache, _classify, _verify_written
-from .transfer import ImportReport, import_serial, read_header
+from ._lifecycle import classify
+from .reader import ImportReport, import_serial, read_header
+from .sqlite import ProbeCache, verify_written
 
 #: Files smaller than this are imported serially (process start-up would not pay off).
 MIN_BYTES = 32 * 2**20
@@ -48,7 +49,7 @@ def maybe_parallel_import(
         return None
     if workers < 2 or size < MIN_BYTES:
         return None
-    target._call(lambda conn: None, write=False, miss=None)  # open it
+    target.run(lambda conn: None, write=False, miss=None)  # open it
     if target.mode != "rw":  # only a writable store takes the SQL copy
         return None
     header_len, problem = read_header(path)
@@ -91,7 +92,7 @@ def _usable(part: Path) -> bool:
         return False
     store = ProbeCache(part.with_suffix(".sqlite"), readonly=True)
     try:
-        store._call(lambda conn: None, write=False, miss=None)
+        store.run(lambda conn: None, write=False, miss=None)
         return store.mode != "memo"
     finally:
         store.close()
@@ -191,11 +192,11 @@ def _copy_into(target: ProbeCache, part: Path) -> int | None:
             written = conn.total_changes - before
             sample = conn.execute("SELECT config_key, backend, ctx FROM part.probes"
                                   " ORDER BY random() LIMIT 32").fetchall()  # fmt: skip
-            _verify_written(conn, sample)
+            verify_written(conn, sample)
             conn.execute("COMMIT")
             return written
         except sqlite3.Error as exc:
-            if _classify(exc) == "busy":
+            if classify(exc) == "busy":
                 raise  # the store retries
             raise _CopyFailed(str(exc)) from None
         finally:
@@ -205,7 +206,7 @@ def _copy_into(target: ProbeCache, part: Path) -> int | None:
                 conn.execute("DETACH DATABASE part")
 
     try:
-        written = target._call(copy, write=True, miss=-1)
+        written = target.run(copy, write=True, miss=-1)
     except _CopyFailed:
         return None
     return None if written < 0 else written

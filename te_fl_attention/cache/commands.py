@@ -20,7 +20,10 @@ from typing import Any
 
 from . import _files
 from .keys import KNOWN_BACKENDS, is_hex64
-from .store import CacheRow, MemoryCache, ProbeCache, default_cache
+from .memory import MemoryCache
+from .rows import CacheRow
+from .sqlite import ProbeCache
+from .tiered import default_cache
 
 Out = Callable[[str], Any]
 Cache = ProbeCache | MemoryCache

@@ -1,10 +1,11 @@
 """A shared Redis tier behind the local store: ``TE_FL_ATTN_REMOTE_CACHE=redis://host:port/db``.
 
-:class:`TieredCache` reads the local store first, then Redis (hits are written back to the local
-store), and writes new results to both. Redis keys carry a prefix, :data:`FORMAT_VERSION` and
-every :class:`CacheKey` field (whose ``versions_key`` already folds in the software stack, this
-package's version and the probe schema), so a key is only ever served to the rows it was
-probed for. Values are JSON (:meth:`ProbeResult.to_dict`), never pickle.
+:class:`.tiered.TieredCache` reads the local store first, then Redis (hits are written back to
+the local store), and writes new results to both. Redis keys carry a prefix,
+:data:`FORMAT_VERSION` and every :class:`CacheKey` field (whose ``versions_key`` already folds
+in the software stack, this package's version and the probe schema), so a key is only ever
+served to the rows it was probed for. Values are JSON (:meth:`ProbeResult.to_dict`), never
+pickle.
 
 Layout (``P`` = ``<prefix>:v<FORMAT_VERSION>``):
 
@@ -14,8 +15,8 @@ Layout (``P`` = ``<prefix>:v<FORMAT_VERSION>``):
   ``1`` for every context that stored a result for the config (what fleet plans look up).
 
 Every value read from Redis is checked by the cache's one row validator
-(:func:`.transfer.validate_result`, :func:`.transfer.validate_context`,
-:func:`.transfer.validate_flat`; values over :data:`.transfer.MAX_ROW` bytes are refused unread):
+(:func:`.rows.validate_result`, :func:`.rows.validate_context`,
+:func:`.rows.validate_flat`; values over :data:`.rows.MAX_ROW` bytes are refused unread):
 a value that fails is a miss, counted in ``stats["bad"]``, with one warning.
 
 Redis unreachable, slow (1 s timeouts) or answering garbage: a miss, one warning on
@@ -25,17 +26,16 @@ default cache lives as long as the process). Selection never fails because of Re
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from ..reasons import ProbeResult
 from .keys import CacheKey, is_hex64
-from .store import CacheRow, MemoryCache, ProbeCache, make_row
+from .rows import MAX_ROW, CacheRow, validate_context, validate_flat, validate_result
 
 log = logging.getLogger("te_fl_attention.cache")
 
@@ -55,8 +55,6 @@ def redact(url: str) -> str:
 
 def _loads(raw: Any) -> Any:
     """A Redis value parsed as JSON; ``None`` for no value, non-text, over-long or bad JSON."""
-    from .transfer import MAX_ROW
-
     if raw is None or not isinstance(raw, (bytes, str)) or len(raw) > MAX_ROW:
         return None
     try:
@@ -145,8 +143,6 @@ class RedisTier:
             log.debug("remote probe cache: ignoring an invalid value at %s (%s)", where, why)
 
     def _decode(self, key: CacheKey, raw: Any) -> ProbeResult | None:
-        from .transfer import MAX_ROW, validate_result
-
         d = _loads(raw)
         if d is None:
             size = len(raw) if isinstance(raw, (bytes, str)) else 0
@@ -190,8 +186,6 @@ class RedisTier:
         want = [p for p in dict.fromkeys(pairs) if p not in self._known_ctx]
         if want and not self.disabled:
             raws = self._call(lambda c: c.mget([self._ctx_key(*p) for p in want]), miss=[])
-            from .transfer import validate_context
-
             for p, raw in zip(want, raws, strict=False):
                 if raw is None:
                     continue
@@ -213,8 +207,6 @@ class RedisTier:
             for ck in cks:
                 pipe.hget(self._cfg_key(ck), _CONFIG_FIELD)
             return pipe.execute()
-
-        from .transfer import validate_flat
 
         out = {}
         for ck, raw in zip(cks, self._call(read, miss=[]), strict=False):
@@ -284,97 +276,6 @@ class RedisTier:
         n = self._call(write, miss=0)
         self.stats["puts"] += n
         return n
-
-
-class TieredCache:
-    """The local store first, then Redis: read through, write back to both.
-
-    Has the local store's API (``get``/``get_many``/``put``/``put_many``; every other attribute
-    is the local store's); ``remote`` is the :class:`RedisTier`.
-    """
-
-    def __init__(self, local: ProbeCache | MemoryCache, remote: RedisTier) -> None:
-        self.local = local
-        self.remote = remote
-
-    def __repr__(self) -> str:
-        return f"TieredCache({self.local!r}, {self.remote!r})"
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("local", "remote"):
-            raise AttributeError(name)
-        return getattr(self.local, name)
-
-    def __len__(self) -> int:
-        return len(self.local)
-
-    def __enter__(self) -> TieredCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ reads
-    def get(self, key: CacheKey) -> ProbeResult | None:
-        return self.get_many([key]).get(CacheKey(*key))
-
-    def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]:
-        """Local hits, then one Redis round trip for the misses (its hits are stored locally)."""
-        keys = [CacheKey(*k) for k in keys]
-        out = self.local.get_many(keys)
-        missing = [k for k in keys if k not in out]
-        if missing and not self.remote.disabled:
-            found = self.remote.get_many(missing)
-            if found:
-                self._write_back(found)
-                out.update(found)
-        return out
-
-    def _write_back(self, found: Mapping[CacheKey, ProbeResult]) -> None:
-        metas = self.remote.contexts({(k.device_fp, k.versions_key) for k in found})
-        configs = self.remote.config_json(k.config_key for k in found)
-        rows = []
-        for k, result in found.items():
-            meta = metas.get((k.device_fp, k.versions_key), {})
-            rows.append(make_row(k, result, configs.get(k.config_key), meta.get("device")))
-        self.local.put_many(rows, on_conflict="ignore", checked=True)
-
-    def iter_rows(self, **filters: Any) -> Iterator[CacheRow]:
-        """The local rows; for one exact ``config_prefix`` (a full config key) also the rows
-        other machines stored in Redis for that config."""
-        seen = set()
-        for row in self.local.iter_rows(**filters):
-            seen.add(row.key)
-            yield row
-        ck = filters.get("config_prefix")
-        if ck and is_hex64(ck) and not self.remote.disabled:
-            for row in self.remote.rows_for_config(ck):
-                if row.key in seen:
-                    continue
-                if filters.get("backend") not in (None, row.key.backend):
-                    continue
-                if filters.get("device_fp") not in (None, row.key.device_fp):
-                    continue
-                yield row
-
-    # ------------------------------------------------------------------ writes
-    def put(self, key: CacheKey, result: ProbeResult, *, config: Any = None,
-            device: Any = None) -> None:  # fmt: skip
-        self.put_many([make_row(key, result, config, device)], checked=True)
-
-    def put_many(self, items: Iterable[Any], *, on_conflict: str = "replace",
-                 checked: bool = False) -> int:  # fmt: skip
-        """Write to the local store, then to Redis (``ignore``: keep what Redis holds)."""
-        rows = [make_row(*item) if not isinstance(item, CacheRow) else
-                item if checked else dataclasses.replace(item, key=item.key.check())
-                for item in items]  # fmt: skip
-        n = self.local.put_many(rows, on_conflict=on_conflict, checked=True)  # type: ignore[arg-type]
-        self.remote.put_many(rows, only_new=on_conflict == "ignore")
-        return n
-
-    def close(self) -> None:
-        self.local.close()
-        self.remote.close()
 
 
 def remote_tier(url: str) -> RedisTier:

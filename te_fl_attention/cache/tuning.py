@@ -1,7 +1,7 @@
 """Tuned Triton tiles kept in the probe cache, so a warm job never autotunes.
 
 :class:`ProbeCacheTuningStore` is a :class:`~te_fl_attention.kernels.tuning.TuningStore` over the
-SQLite probe cache (:func:`~te_fl_attention.cache.store.default_cache` unless given one). One
+SQLite probe cache (:func:`~te_fl_attention.cache.tiered.default_cache` unless given one). One
 choice is one row:
 
 * ``CacheKey(config_key=sha256(TuneKey.canonical()), backend="triton",
@@ -29,7 +29,8 @@ from .keys import CacheKey, versions_key
 
 if TYPE_CHECKING:
     from ..device import DeviceProfile
-    from .store import MemoryCache, ProbeCache
+    from .memory import MemoryCache
+    from .sqlite import ProbeCache
 
 log = logging.getLogger("te_fl_attention.cache")
 
@@ -70,7 +71,7 @@ class ProbeCacheTuningStore:
     @property
     def cache(self) -> ProbeCache | MemoryCache:
         if self._cache is None:
-            from .store import default_cache
+            from .tiered import default_cache
 
             return default_cache()
         return self._cache

@@ -1,4 +1,5 @@
-"""Candidate probes: one module per backend, each a rule stage followed by real probes."""
+"""Candidate probes: one room per backend (``fused/``, ``flash/``, ``triton``, ``unfused``), each a
+rule stage followed by real probes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from .base import Probe
 def default_probes(graph: bool = True) -> tuple[Probe, ...]:
     """The four candidates, in display order (fused, flash, triton, unfused). ``graph=False``
     keeps FusedAttention at its rule stage (no cuDNN graph builds)."""
-    from .cudnn import CudnnProbe
-    from .flash_attn import FlashAttnProbe
-    from .triton_flash import TritonFlashProbe
+    from .flash.probe import FlashAttnProbe
+    from .fused.probe import CudnnProbe
+    from .triton import TritonFlashProbe
     from .unfused import UnfusedProbe
 
     return (CudnnProbe(graph=graph), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe())

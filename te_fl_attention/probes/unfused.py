@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from ..config import FusedAttnConfig
 from ..device import DeviceProfile
-from ..reasons import Reason
+from ..reasons import FP8_EMULATION_CODE, Reason
 from .base import RuleProbe, reject
 from .common import ALL_BACKENDS, score_mod_only_fused
-
-#: The reason code the policy waives when NVTE_UnfusedDPA_Emulate_FP8=1.
-FP8_EMULATION_CODE = "fp8.unfused"
 
 
 def fp8_attention(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:

@@ -18,7 +18,8 @@ from fleet_testutil import child_env
 
 from te_fl_attention import FusedAttnConfig, Selector
 from te_fl_attention.cache import CacheKey, MemoryCache, ProbeCache, open_cache
-from te_fl_attention.cache.remote import FORMAT_VERSION, RedisTier, TieredCache
+from te_fl_attention.cache.remote import FORMAT_VERSION, RedisTier
+from te_fl_attention.cache.tiered import TieredCache
 from te_fl_attention.device import profile
 from te_fl_attention.fleet import VERIFIED, plan
 from te_fl_attention.probes import default_probes

@@ -23,7 +23,7 @@ from launch_double import LaunchLog, VirtualClock, installed  # noqa: E402
 from test_triton_flash import BF16, check, make_case  # noqa: E402
 
 from te_fl_attention.cache import tuning as cache_tuning  # noqa: E402
-from te_fl_attention.cache.store import ProbeCache  # noqa: E402
+from te_fl_attention.cache.sqlite import ProbeCache  # noqa: E402
 from te_fl_attention.kernels import triton_flash as tf  # noqa: E402
 from te_fl_attention.kernels import tuning  # noqa: E402
 from te_fl_attention.kernels.tuning import Config, MemoryTuningStore, Tuner  # noqa: E402

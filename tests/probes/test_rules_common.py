@@ -6,13 +6,20 @@ from __future__ import annotations
 import pytest
 from rule_cases import SHARED_NAMES, by_name, case_id, check, result_codes
 
-from te_fl_attention.probes import common, cudnn, flash_attn, triton_flash, unfused
+from te_fl_attention.probes import common, triton, unfused
+from te_fl_attention.probes.flash import fa2 as flash_fa2
+from te_fl_attention.probes.flash import fa3 as flash_fa3
+from te_fl_attention.probes.flash import fa4 as flash_fa4
+from te_fl_attention.probes.flash import probe as flash_probe
+from te_fl_attention.probes.flash import rules as flash_rules
+from te_fl_attention.probes.fused import probe as fused_probe
+from te_fl_attention.probes.fused import rules as fused_rules
 
-RULES = by_name((*common.ALL_BACKENDS, cudnn.PYTHON_RULES[0]))
+RULES = by_name((*common.ALL_BACKENDS, fused_rules.PYTHON_RULES[0]))
 PROBES = {
-    "fused": cudnn.CudnnProbe(),
-    "flash": flash_attn.FlashAttnProbe(),
-    "triton": triton_flash.TritonFlashProbe(),
+    "fused": fused_probe.CudnnProbe(),
+    "flash": flash_probe.FlashAttnProbe(),
+    "triton": triton.TritonFlashProbe(),
     "unfused": unfused.UnfusedProbe(),
 }
 
@@ -53,7 +60,7 @@ def test_rule_in_every_probe(case, backend):
 def test_shared_rules_are_in_every_probe():
     for name, probe in PROBES.items():
         rules = (
-            (*flash_attn.SHARED, *flash_attn.FA2, *flash_attn.FA3, *flash_attn.FA4)
+            (*flash_rules.SHARED, *flash_fa2.FA2, *flash_fa3.FA3, *flash_fa4.FA4)
             if name == "flash" else probe.RULES
         )  # fmt: skip
         names = {r.__name__ for r in rules}

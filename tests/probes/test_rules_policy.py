@@ -9,7 +9,13 @@ import pytest
 
 from te_fl_attention import FusedAttnConfig, NoBackendError, Policy, Selector, prefer
 from te_fl_attention.device import profile
-from te_fl_attention.probes import common, cudnn, flash_attn, triton_flash, unfused
+from te_fl_attention.probes import common, triton, unfused
+from te_fl_attention.probes.flash import fa2 as flash_fa2
+from te_fl_attention.probes.flash import fa3 as flash_fa3
+from te_fl_attention.probes.flash import fa4 as flash_fa4
+from te_fl_attention.probes.flash import rules as flash_rules
+from te_fl_attention.probes.fused import rules as fused_rules
+from te_fl_attention.probes.fused import table as fused_table
 
 C = FusedAttnConfig
 NO_TRITON = Policy(triton=False)  # TE's own three candidates only
@@ -190,15 +196,15 @@ def test_emulation_keeps_other_unfused_reasons():
 
 # --------------------------------------------------------------------------------- docstrings
 RULE_TUPLES = {
-    "cudnn.PYTHON_RULES": cudnn.PYTHON_RULES,
-    "cudnn.TABLE_RULES": cudnn.TABLE_RULES,
-    "cudnn.determinism": (cudnn.determinism,),
+    "fused.rules.PYTHON_RULES": fused_rules.PYTHON_RULES,
+    "fused.table.TABLE_RULES": fused_table.TABLE_RULES,
+    "fused.rules.determinism": (fused_rules.determinism,),
     "common.ALL_BACKENDS": common.ALL_BACKENDS,
-    "flash_attn.SHARED": flash_attn.SHARED,
-    "flash_attn.FA2": flash_attn.FA2,
-    "flash_attn.FA3": flash_attn.FA3,
-    "flash_attn.FA4": flash_attn.FA4,
-    "triton_flash.TritonFlashProbe.RULES": triton_flash.TritonFlashProbe.RULES,
+    "flash.rules.SHARED": flash_rules.SHARED,
+    "flash.fa2.FA2": flash_fa2.FA2,
+    "flash.fa3.FA3": flash_fa3.FA3,
+    "flash.fa4.FA4": flash_fa4.FA4,
+    "triton.TritonFlashProbe.RULES": triton.TritonFlashProbe.RULES,
     "unfused.UnfusedProbe.RULES": unfused.UnfusedProbe.RULES,
 }
 
@@ -206,14 +212,14 @@ RULE_TUPLES = {
 @pytest.mark.parametrize("where", list(RULE_TUPLES))
 def test_every_rule_has_a_docstring(where):
     """Every rule says which behaviour it mirrors; rules mirroring TE name TE (or its C++ API)."""
-    mirrors_te = not where.startswith("triton_flash")
+    mirrors_te = not where.startswith("triton.")
     for rule in RULE_TUPLES[where]:
         doc = inspect.getdoc(rule)
         assert doc and len(doc) >= 20, f"{where}: {rule.__name__} has no docstring"
         if mirrors_te and rule.__name__ != "requires_gpu":
             assert "TE" in doc or "nvte_" in doc, f"{where}: {rule.__name__}: {doc!r}"
-    if where.startswith("triton_flash"):  # our own features: each says what it refuses
-        for rule in triton_flash.UNSUPPORTED:
+    if where.startswith("triton."):  # our own features: each says what it refuses
+        for rule in triton.UNSUPPORTED:
             assert inspect.getdoc(rule).startswith("Refuse ")
 
 

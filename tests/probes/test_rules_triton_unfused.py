@@ -11,11 +11,11 @@ from rule_cases import SHARED_NAMES, assert_covered, by_name, case_id, check, re
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
-from te_fl_attention.probes import triton_flash, unfused
+from te_fl_attention.probes import triton, unfused
 
-TRITON_RULES = by_name(triton_flash.TritonFlashProbe.RULES)
+TRITON_RULES = by_name(triton.TritonFlashProbe.RULES)
 UNFUSED_RULES = by_name(unfused.UnfusedProbe.RULES)
-TRITON = triton_flash.TritonFlashProbe()
+TRITON = triton.TritonFlashProbe()
 UNFUSED = unfused.UnfusedProbe()
 KERNEL = "te_fl_attention.kernels.triton_flash"
 
@@ -52,7 +52,7 @@ TRITON_CASES = [
 SUPPORTED = dict(num_heads=16, num_gqa_groups=4, head_dim_qk=192, head_dim_v=128,
                  qkv_layout="thd_thd_thd", attn_mask_type="padding_causal_bottom_right",
                  window_size=(64, 0), pad_between_seqs=True)  # fmt: skip
-TRITON_CASES += [(r.__name__, SUPPORTED, "h100", None) for r in triton_flash.UNSUPPORTED]
+TRITON_CASES += [(r.__name__, SUPPORTED, "h100", None) for r in triton.UNSUPPORTED]
 
 UNFUSED_CASES = [
     ("fp8_attention", {}, "h100", None),
@@ -92,14 +92,14 @@ def kernel(request, monkeypatch):
             return object() if present else None
         return real(name, *args)
 
-    monkeypatch.setattr(triton_flash.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(triton.importlib.util, "find_spec", find_spec)
     return present
 
 
 def test_kernel_available(kernel):
     """Refused (stage import) while the kernel module is missing; accepted once it exists."""
     c, d = FusedAttnConfig(), profile("h100")
-    reason = triton_flash.kernel_available(c, d)
+    reason = triton.kernel_available(c, d)
     result = TRITON.probe(c, d)
     if kernel:
         assert reason is None

@@ -36,8 +36,14 @@ import te_cpu
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import DeviceProfile, profile
 from te_fl_attention.policy import Policy
-from te_fl_attention.probes import cudnn, default_probes, flash_attn
+from te_fl_attention.probes import default_probes
 from te_fl_attention.probes.base import evaluate
+from te_fl_attention.probes.flash import fa2 as flash_fa2
+from te_fl_attention.probes.flash import probe as flash_probe
+from te_fl_attention.probes.fused import cpp as fused_cpp
+from te_fl_attention.probes.fused import probe as fused_probe
+from te_fl_attention.probes.fused import rules as fused_rules
+from te_fl_attention.probes.fused import table as fused_table
 from te_fl_attention.selector import Selector
 
 
@@ -239,15 +245,15 @@ def compare(te: te_cpu.TE, selector: Selector, c: FusedAttnConfig, spec: str, d:
     dec = selector.decide(c, d, Policy())
     te_only = selector.decide(c, d, NO_TRITON)
     fl, fu, un = dec.result("flash"), dec.result("fused"), dec.result("unfused")
-    python_side = evaluate((*cudnn.PYTHON_RULES, cudnn.determinism), c, d)
-    table_ok = not evaluate(cudnn.TABLE_RULES, c, d)
+    python_side = evaluate((*fused_rules.PYTHON_RULES, fused_rules.determinism), c, d)
+    table_ok = not evaluate(fused_table.TABLE_RULES, c, d)
     checks: list[tuple[str, Any, Any, Any]] = [
         ("flash", a.flash, fl.supported, fl),
         ("unfused", a.unfused, un.supported, un),
         ("fused_python", a.fused_python, not python_side, python_side),
     ]
     if a.cpp_queries:
-        cpp = evaluate(cudnn.CPP_RULES, c, d)
+        cpp = evaluate(fused_cpp.CPP_RULES, c, d)
         theirs = cpp_code(a.cpp_refusal)
         codes = [r.code for r in cpp]
         checks.append(("fused_cpp", theirs, theirs if theirs in codes else
@@ -366,8 +372,8 @@ def test_comparison_catches_a_wrong_rule(te_selector: te_cpu.TE, monkeypatch) ->
     """Drop FA2's head-dim rule: the comparison must flag TE's refusal of head_dim 264."""
     c, spec = FusedAttnConfig(head_dim_qk=264, is_training=False), "a100"
     assert compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0] == []
-    fa2 = tuple(r for r in flash_attn.FA2 if r is not flash_attn.fa2_head_dim)
-    monkeypatch.setitem(flash_attn.FLAVOUR_RULES, "fa2", fa2)
+    fa2 = tuple(r for r in flash_fa2.FA2 if r is not flash_fa2.fa2_head_dim)
+    monkeypatch.setitem(flash_probe.FLAVOUR_RULES, "fa2", fa2)
     fields = {m.field for m in compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0]}
     assert {"flash", "selected"} <= fields
 
@@ -379,9 +385,10 @@ def test_comparison_catches_a_missing_cpp_rule(te_selector: te_cpu.TE, monkeypat
     mismatches, _, answer, _ = compare(te_selector, RULES_ONLY(), c, spec, profile(spec))
     assert mismatches == [] and answer.cpp_refusal == "thd_sm90" and not answer.fused
     assert answer.fused_python  # TE's Python side alone accepts it
-    cpp = tuple(r for r in cudnn.CPP_RULES if r.__name__ != "cpp_f16")
-    monkeypatch.setattr(cudnn, "CPP_RULES", cpp)
-    monkeypatch.setattr(cudnn, "BINDING_RULES", (*cudnn.PYTHON_RULES, *cpp, cudnn.determinism))
+    cpp = tuple(r for r in fused_cpp.CPP_RULES if r.__name__ != "cpp_f16")
+    monkeypatch.setattr(fused_cpp, "CPP_RULES", cpp)
+    monkeypatch.setattr(fused_probe, "BINDING_RULES",
+                        (*fused_rules.PYTHON_RULES, *cpp, fused_rules.determinism))
     fields = {m.field for m in compare(te_selector, RULES_ONLY(), c, spec, profile(spec))[0]}
     assert {"fused_cpp", "fused"} <= fields
 
@@ -407,7 +414,7 @@ def test_cpp_oracle_reads_what_te_hands_the_cpp(te_selector: te_cpu.TE) -> None:
     for c, spec, key in cases:
         answer = te_selector.decide(c, profile(spec), log=False)
         assert answer.cpp_queries and answer.cpp_refusal == key, (c, spec, answer)
-        ours = {r.code for r in evaluate(cudnn.CPP_RULES, c, profile(spec))}
+        ours = {r.code for r in evaluate(fused_cpp.CPP_RULES, c, profile(spec))}
         assert ours == ({cpp_code(key)} if key else set()), (c, spec, ours)
 
 

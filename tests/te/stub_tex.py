@@ -10,7 +10,7 @@ is an ``AttributeError``, as with the real module):
   exactly TE's eight members, ``NVTE_Fused_Attn_Backend`` TE's values);
 * ``get_cudnn_version()`` returns 92801 (cuDNN 9.28.1);
 * ``get_fused_attn_backend(params)`` (TE's C++ cuDNN support query) is answered by
-  te-fl-attention's cuDNN support table (``probes.cudnn.TABLE_RULES``) for :data:`DEVICE`;
+  te-fl-attention's cuDNN support table (``probes.fused.table.TABLE_RULES``) for :data:`DEVICE`;
 * every other function raises ``NotImplementedError`` naming itself (``STUB_MARKER`` in the
   message), which lets tests prove that a call reached the native module.
 
@@ -172,7 +172,8 @@ def fused_params_config(params: Any) -> Any:
 def table_fused_backend(params: Any, device: Any) -> tuple[int, str]:
     """(sub-backend or -1, message): our cuDNN support table's verdict on TE's query."""
     from te_fl_attention.probes.base import evaluate
-    from te_fl_attention.probes.cudnn import TABLE_RULES, fused_sub_backend
+    from te_fl_attention.probes.fused.rules import fused_sub_backend
+    from te_fl_attention.probes.fused.table import TABLE_RULES
 
     try:
         config = fused_params_config(params)

@@ -114,15 +114,18 @@ def test_token_counts_key_the_memo_by_their_bucket(monkeypatch: pytest.MonkeyPat
     """TE's num_tokens_q/kv reach the config as TE's bucket; calls in one bucket share one
     decision (a memo hit), calls in different buckets are decided separately (here a verdict that
     depends on the bucket: a stand-in rule refusing more than 1024 tokens)."""
-    from te_fl_attention.probes import cudnn
+    from te_fl_attention.probes.fused import probe as fused_probe
+    from te_fl_attention.probes.fused import table as fused_table
 
     def over_1024(c: FusedAttnConfig, d: Any) -> Any:
         """Refuses a thd q above TE's first token bucket (a test stand-in, not TE's)."""
         if (c.num_tokens_q or 0) > 1024:
-            return cudnn._t("test_tokens", "more than 1024 tokens", c.num_tokens_q, "<= 1024")
+            return fused_table._t("test_tokens", "more than 1024 tokens", c.num_tokens_q, "<= 1024")
         return None
 
-    monkeypatch.setattr(cudnn, "TABLE_RULES", (*cudnn.TABLE_RULES, over_1024))
+    rules = (*fused_table.TABLE_RULES, over_1024)
+    monkeypatch.setattr(fused_table, "TABLE_RULES", rules)  # read by the TE stub
+    monkeypatch.setattr(fused_probe, "TABLE_RULES", rules)  # read by the probe
     backend = rules_backend()
     calls = [(300, True), (1000, False), (1024, False), (1025, True), (2048, False), (1500, False),
              (5000, True)]  # (tokens, a new decision expected)

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import te_replay  # noqa: E402
 
-from te_fl_attention.probes import flash_attn  # noqa: E402
+from te_fl_attention.probes.flash import fa2 as flash_fa2  # noqa: E402
+from te_fl_attention.probes.flash import probe as flash_probe
 
 SAMPLE_STEP = 11
 
@@ -46,8 +47,8 @@ def test_replay_sample_agrees_with_te(sample: list[te_replay.Case]) -> None:
 def test_replay_catches_a_wrong_rule(sample: list[te_replay.Case],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Without FA2's head-dim rule our side accepts head dims TE refuses (base_5_1: d = 512)."""
-    fa2 = tuple(r for r in flash_attn.FA2 if r is not flash_attn.fa2_head_dim)
-    monkeypatch.setitem(flash_attn.FLAVOUR_RULES, "fa2", fa2)
+    fa2 = tuple(r for r in flash_fa2.FA2 if r is not flash_fa2.fa2_head_dim)
+    monkeypatch.setitem(flash_probe.FLAVOUR_RULES, "fa2", fa2)
     cases = [c for c in te_replay.cases(te_replay.load_configs(), ("a100",), ("bf16",))
              if c.entry[2] in ("base_5_1", "base_6_1")]
     result = te_replay.replay(cases)

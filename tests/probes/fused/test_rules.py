@@ -7,10 +7,14 @@ from rule_cases import FORCE, SHARED_NAMES, assert_covered, by_name, case_id, ch
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
-from te_fl_attention.probes import cudnn
+from te_fl_attention.probes.fused import cpp as fused_cpp
+from te_fl_attention.probes.fused import probe as fused_probe
+from te_fl_attention.probes.fused import rules as fused_rules
+from te_fl_attention.probes.fused import table as fused_table
 
-RULES = by_name((*cudnn.PYTHON_RULES, *cudnn.CPP_RULES, *cudnn.TABLE_RULES, cudnn.determinism))
-PROBE = cudnn.CudnnProbe()
+RULES = by_name((*fused_rules.PYTHON_RULES, *fused_cpp.CPP_RULES, *fused_table.TABLE_RULES,
+                 fused_rules.determinism))
+PROBE = fused_probe.CudnnProbe()
 
 THD = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding")
 THD_BR = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding_causal_bottom_right")
@@ -339,20 +343,20 @@ def test_table_and_cpp_rules_wait_for_a_known_device():
     earlier: TE reaches its C++ query only on a GPU)."""
     for c in (FusedAttnConfig(head_dim_qk=36), FusedAttnConfig(bias_type="pre_scale_bias")):
         for spec in ("h100:sm=none", "h100:cudnn=none"):
-            rules = (*cudnn.TABLE_RULES, *cudnn.CPP_RULES)
+            rules = (*fused_table.TABLE_RULES, *fused_cpp.CPP_RULES)
             assert [r(c, profile(spec)) for r in rules] == [None] * len(rules)
 
 
 def test_cpp_rules_cite_tes_cpp_and_bind():
     """Each C++ rule names TE 2.20.2's file and function; like the Python filters it binds: the
     probe never asks cuDNN past it (TE's C++ refuses before building a graph)."""
-    for rule in cudnn.CPP_RULES:
+    for rule in fused_cpp.CPP_RULES:
         doc = rule.__doc__ or ""
         assert "TE 2.20.2 fused_attn.cpp, nvte_get_fused_attn_backend_v2" in doc, rule.__name__
-    assert set(cudnn.CPP_RULES) <= set(cudnn.BINDING_RULES)
-    assert not set(cudnn.CPP_RULES) & set(cudnn.TABLE_RULES)
+    assert set(fused_cpp.CPP_RULES) <= set(fused_cpp.BINDING_RULES)
+    assert not set(fused_cpp.CPP_RULES) & set(fused_table.TABLE_RULES)
     asked = []
-    probe = cudnn.CudnnProbe(graph=True)
+    probe = fused_probe.CudnnProbe(graph=True)
     probe._ask_cudnn = lambda c, d: asked.append(c) or (None, None)  # type: ignore[method-assign]
     r = probe.probe(FusedAttnConfig(qkv_layout="thd_thd_thd", attn_mask_type="padding"),
                     profile("a100"))
@@ -362,8 +366,9 @@ def test_cpp_rules_cite_tes_cpp_and_bind():
 
 def test_sub_backend_follows_fp8_attention():
     """FP8 DPA hands cuDNN FP8 q/k/v whatever the module's dtype: FP8 sub-backend (2)."""
-    assert cudnn.fused_sub_backend(FusedAttnConfig()) == cudnn.F16_ARBITRARY_SEQLEN
-    assert cudnn.fused_sub_backend(FusedAttnConfig(fp8=True)) == cudnn.FP8
-    assert cudnn.fused_sub_backend(FusedAttnConfig(fp8=True, dtype="fp8_e4m3")) == cudnn.FP8
+    assert fused_rules.fused_sub_backend(FusedAttnConfig()) == fused_rules.F16_ARBITRARY_SEQLEN
+    assert fused_rules.fused_sub_backend(FusedAttnConfig(fp8=True)) == fused_rules.FP8
+    fp8 = FusedAttnConfig(fp8=True, dtype="fp8_e4m3")
+    assert fused_rules.fused_sub_backend(fp8) == fused_rules.FP8
     r = PROBE.probe(FusedAttnConfig(fp8=True, head_dim_qk=128), profile("h100"))
-    assert r.supported and r.detail["sub_backend"] == cudnn.FP8
+    assert r.supported and r.detail["sub_backend"] == fused_rules.FP8

@@ -15,7 +15,7 @@
  *     for each one that is missing and then declines every engine);
  *   - cuInit / cuDriverGetVersion / cuDeviceGetCount / cuGetProcAddress, which the statically
  *     linked CUDA runtime inside cuDNN queries first.
- * te_fl_attention/probes/_stubcuda.py builds this file and must never load it when a real driver
+ * te_fl_attention/probes/fused/stubcuda.py builds this file and must never load it when a real driver
  * is loadable. Written for te_fl_attention; not derived from NVIDIA headers.
  */
 
@@ -28,7 +28,7 @@ typedef void *stub_handle;        /* CUcontext, CUmodule, CUfunction, ... */
 #define STUB_NO_DEVICE 100        /* CUDA_ERROR_NO_DEVICE */
 #define STUB_EXPORT __attribute__((visibility("default")))
 
-/* Marker: lets _stubcuda.real_driver_status() tell this stub from a real driver. */
+/* Marker: lets stubcuda.real_driver_status() tell this stub from a real driver. */
 STUB_EXPORT const int te_fl_attention_stub = 1;
 
 static const char stub_error_name[] = "CUDA_ERROR_NO_DEVICE";

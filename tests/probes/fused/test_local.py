@@ -30,13 +30,14 @@ from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.descriptors import DescriptorError, capture_local_descriptor
 from te_fl_attention.device import local, profile
 from te_fl_attention.presets import preset
-from te_fl_attention.probes import cudnn_graph, cudnn_worker
-from te_fl_attention.probes.cudnn import CudnnProbe
+from te_fl_attention.probes.fused import graph as fused_graph
+from te_fl_attention.probes.fused import worker as cudnn_worker
+from te_fl_attention.probes.fused.probe import CudnnProbe
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("cudnn") is None, reason="needs the [cudnn] extra (CI installs it)"
 )
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROBE = CudnnProbe(graph=True)
 LLAMA = FusedAttnConfig(**preset("llama3-8b", seqlen=1024))
 
@@ -121,10 +122,10 @@ def test_probe_never_raises_for_a_device_problem(fake_gpu, fresh_workers, monkey
 # ------------------------------------------------------------------ defect 2: no descriptor
 def test_resolve_device_accepts_no_descriptor():
     """Defect 2: ``_resolve_device(None)`` raised TypeError (reported as bad_descriptor)."""
-    assert cudnn_graph._resolve_device(None) is None
+    assert fused_graph._resolve_device(None) is None
     with pytest.raises(DescriptorError):
-        cudnn_graph._resolve_device(42)
-    r = cudnn_graph.probe_config(FusedAttnConfig(), None)  # deviceless, nothing to plan with
+        fused_graph._resolve_device(42)
+    r = fused_graph.probe_config(FusedAttnConfig(), None)  # deviceless, nothing to plan with
     assert r["code"] == "cudnn.bad_descriptor" and "no device descriptor" in r["message"]
 
 
@@ -134,8 +135,8 @@ def test_backend_handle_is_the_raw_int():
     ``create_handle()`` returns a ``cudnn.Handle``."""
     import cudnn
 
-    assert cudnn_graph.backend_handle(cudnn.Handle(0x1234, 0, 0)) == 0x1234
-    assert cudnn_graph.backend_handle(None) is None
+    assert fused_graph.backend_handle(cudnn.Handle(0x1234, 0, 0)) == 0x1234
+    assert fused_graph.backend_handle(None) is None
 
 
 # ------------------------------------------------------------------ in-process, real handle
@@ -145,12 +146,12 @@ import pytest
 import fakegpu
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.descriptors import capture_local_descriptor
-from te_fl_attention.probes import cudnn_graph
+from te_fl_attention.probes.fused import graph as fused_graph
 
 gpu = sys.modules["te_fl_fake_gpu_installed"].gpu
 mp = pytest.MonkeyPatch()
 calls = fakegpu.fake_cudnn_handle(mp, gpu)
-st = cudnn_graph.backend_status()
+st = fused_graph.backend_status()
 assert st["ok"] and st["driver"] == "stub", st  # cuDNN needs a libcuda: the stub, here
 st["driver"] = "real"  # what the backend reports on a machine with a GPU driver
 job = json.loads(sys.argv[1])
@@ -159,18 +160,18 @@ out = {"captured": captured, "rows": []}
 for kw in job["configs"]:
     cfg = FusedAttnConfig(**kw).to_dict()
     out["rows"].append({
-        "real": cudnn_graph.probe_config(cfg, captured, use_real_gpu=True),
-        "bare": cudnn_graph.probe_config(cfg, None, use_real_gpu=True),
-        "deviceless": cudnn_graph.probe_config(cfg, job["catalog"]),
+        "real": fused_graph.probe_config(cfg, captured, use_real_gpu=True),
+        "bare": fused_graph.probe_config(cfg, None, use_real_gpu=True),
+        "deviceless": fused_graph.probe_config(cfg, job["catalog"]),
     })
 out["calls"] = calls
 def refuse():
     raise RuntimeError("cudnnCreate failed: CUDNN_STATUS_NOT_INITIALIZED")
 mp.setattr(sys.modules["cudnn"], "create_handle", refuse)
-getattr(cudnn_graph, "_handles", {}).clear()
+getattr(fused_graph, "_handles", {}).clear()
 cfg = FusedAttnConfig().to_dict()
-out["handle_failed"] = cudnn_graph.probe_config(cfg, captured, use_real_gpu=True)
-out["handle_failed_bare"] = cudnn_graph.probe_config(cfg, None, use_real_gpu=True)
+out["handle_failed"] = fused_graph.probe_config(cfg, captured, use_real_gpu=True)
+out["handle_failed_bare"] = fused_graph.probe_config(cfg, None, use_real_gpu=True)
 print("RESULT " + json.dumps(out))
 """
 

@@ -10,8 +10,8 @@ from te_fl_attention import selector
 from te_fl_attention.config import MASK_TYPES, FusedAttnConfig
 from te_fl_attention.device import profile
 from te_fl_attention.kernels import run as runner
-from te_fl_attention.probes import triton_flash
-from te_fl_attention.probes.triton_flash import NO_GPU_MESSAGE, TritonFlashProbe
+from te_fl_attention.probes import triton
+from te_fl_attention.probes.triton import NO_GPU_MESSAGE, TritonFlashProbe
 
 INTERP = not torch.cuda.is_available() and runner.use_interpreter()
 needs_interpreter = pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
@@ -91,9 +91,9 @@ def test_selector_passes_triton_interpret_to_the_probe(monkeypatch):
 def test_rules_match_the_kernels_supported_table():
     from te_fl_attention.kernels.triton_flash import SUPPORTED
 
-    assert triton_flash.MAX_HEAD_DIM == SUPPORTED["max_head_dim"]
-    assert triton_flash.DTYPES == tuple(SUPPORTED["dtypes"])
-    assert triton_flash.MIN_SM == SUPPORTED["min_sm"]
+    assert triton.MAX_HEAD_DIM == SUPPORTED["max_head_dim"]
+    assert triton.DTYPES == tuple(SUPPORTED["dtypes"])
+    assert triton.MIN_SM == SUPPORTED["min_sm"]
     rules, h100 = TritonFlashProbe.RULES, profile("h100")
 
     def refused(**kw):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from te_fl_attention.cache import CacheKey, MemoryCache, ProbeCache, _json, export, import_
-from te_fl_attention.cache.store import CacheRow, make_row
+from te_fl_attention.cache.rows import CacheRow, make_row
 from te_fl_attention.reasons import ProbeResult, Reason
 
 

@@ -18,8 +18,8 @@ from te_fl_attention.cache import (
     merge,
     warm_from,
 )
-from te_fl_attention.cache.store import make_row
-from te_fl_attention.cache.transfer import FORMAT, MAX_ROW, validate_row
+from te_fl_attention.cache.rows import MAX_ROW, make_row, validate_row
+from te_fl_attention.cache.transfer import FORMAT
 from te_fl_attention.reasons import ProbeResult, Reason
 
 HEADER = {"format": FORMAT, "format_version": 1, "package_version": "0.1.0", "exported_at": 1.0}

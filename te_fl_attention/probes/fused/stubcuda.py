@@ -19,7 +19,7 @@ matches the recorded hash (:func:`reuse_problem`); otherwise it is rebuilt.
 
 The stub is loaded by absolute path only; it is never put on ``LD_LIBRARY_PATH`` and never touches
 other processes. Call :func:`setup_driver` before ``import cudnn``, in the process that will plan
-(the probe worker, :mod:`te_fl_attention.probes.cudnn_worker`).
+(the probe worker, :mod:`te_fl_attention.probes.fused.worker`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def build_stub() -> Path:
 
     An existing stub is reused only when :func:`reuse_problem` finds nothing wrong; otherwise it
     is rebuilt in place."""
-    from ..cache._files import make_private_dirs
+    from ...cache._files import make_private_dirs
 
     target = stub_path()
     if target.is_file() and reuse_problem(target) is None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from te_fl_attention.probes import _stubcuda
+from te_fl_attention.probes.fused import stubcuda as _stubcuda
 
 pytestmark = pytest.mark.skipif(_stubcuda.find_compiler() is None, reason="needs a C compiler")
 

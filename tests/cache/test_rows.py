@@ -1,10 +1,10 @@
 """The import's quick row check is the full check, only faster.
 
-``transfer._row_ok`` / ``_result_ok`` may only accept what the full checks (``_row_problem`` /
-``_result_problem``, which end with ``ProbeResult.from_dict``) accept, and the import
-(``_parse_flagged`` + ``_validate``) must give exactly what ``json.loads`` + the full checks give:
-the same rejections with the same reasons, the same rows. Checked on generated rows, valid and
-broken in every field.
+``rows._row_ok`` / ``_result_ok`` may only accept what the full checks (``_row_problem`` /
+``_result_problem``, which end with ``ProbeResult.from_dict``) accept, and the
+import (``reader._parse_flagged`` + ``rows.validate_parsed``) must give exactly what
+``json.loads`` + the full checks give: the same rejections with the same reasons, the same
+rows. Checked on generated rows, valid and broken in every field.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from cache_testutil import key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_fl_attention.cache import transfer
+from te_fl_attention.cache import reader
+from te_fl_attention.cache import rows as codec
 from te_fl_attention.cache.keys import KNOWN_BACKENDS
-from te_fl_attention.cache.store import CacheRow, make_row
+from te_fl_attention.cache.rows import CacheRow, make_row
 from te_fl_attention.reasons import ProbeResult, Reason
 
 HEX = st.text("0123456789abcdef", min_size=64, max_size=64)
@@ -99,7 +100,7 @@ def rows(draw: st.DrawFn) -> dict:
     for name, strategy in optional.items():
         if draw(st.booleans()):
             row[name] = draw(strategy)
-    for name in draw(st.lists(st.sampled_from(sorted(transfer._ROW_REQUIRED)), max_size=1)):
+    for name in draw(st.lists(st.sampled_from(sorted(codec._ROW_REQUIRED)), max_size=1)):
         del row[name]  # sometimes a required field is missing
     return row
 
@@ -142,7 +143,7 @@ def _odd_values(value: object) -> list:
         common = [{}, None, "x", [None], [[1]]]
     else:
         common = [1, "x", [], {}, True]
-    return [*common, nested(31), nested(40), "x" * (transfer.MAX_STRING + 1)]
+    return [*common, nested(31), nested(40), "x" * (codec.MAX_STRING + 1)]
 
 
 def _odd(value: object) -> st.SearchStrategy:
@@ -196,9 +197,9 @@ def _from_dict_ok(d: object) -> bool:
 @settings(max_examples=500, deadline=None, database=None)
 @given(res=st.one_of(result, near_valid_rows().map(lambda row: row.get("result"))))
 def test_quick_result_check_only_accepts_what_the_full_check_accepts(res):
-    full = transfer._result_problem(res)
-    short = len(json.dumps(res)) <= transfer.MAX_STRING  # what it assumes (see _row_ok)
-    if short and transfer._result_ok(res, 2):
+    full = codec._result_problem(res)
+    short = len(json.dumps(res)) <= codec.MAX_STRING  # what it assumes (see _row_ok)
+    if short and codec._result_ok(res, 2):
         assert full is None
     if full is None:  # and whatever the full check accepts, from_dict takes
         assert _from_dict_ok(res)
@@ -213,11 +214,11 @@ def _fields(row: CacheRow) -> tuple:
 @given(row=st.one_of(rows(), near_valid_rows(), near_valid_rows()))
 def test_import_checks_equal_json_plus_full_checks(row):
     line = json.dumps(row).encode("utf-8", "surrogatepass") + b"\n"
-    obj, fast = transfer._parse_flagged(line)
-    size = transfer._line_size(line, fast)  # what the reader passes on
-    got = obj if isinstance(obj, transfer._Bad) else transfer._validate(obj, size, fast)
+    obj, fast = reader._parse_flagged(line)
+    size = reader._line_size(line, fast)  # what the reader passes on
+    got = obj if isinstance(obj, reader._Bad) else codec.validate_parsed(obj, size, fast)
     try:  # the reference: the standard library's parse, then the full checks
-        want = transfer._row_problem(json.loads(line.decode("utf-8")), size)
+        want = codec._row_problem(json.loads(line.decode("utf-8")), size)
     except ValueError:
         want = "unparsable"
     if isinstance(want, str):
@@ -236,27 +237,27 @@ def test_import_checks_equal_json_plus_full_checks(row):
 @given(row=_strict())
 def test_valid_rows_take_the_quick_path(row):
     line = json.dumps(row).encode() + b"\n"
-    obj, fast = transfer._parse_flagged(line)
-    assert transfer._row_ok(obj)
-    size = transfer._line_size(line, fast)
-    got = transfer._validate(obj, size, fast)
+    obj, fast = reader._parse_flagged(line)
+    assert codec._row_ok(obj)
+    size = reader._line_size(line, fast)
+    got = codec.validate_parsed(obj, size, fast)
     assert isinstance(got, CacheRow)
-    assert _fields(got) == _fields(transfer._row_problem(json.loads(line), size))
+    assert _fields(got) == _fields(codec._row_problem(json.loads(line), size))
 
 
 def _judged_alike(row: object) -> None:
     line = json.dumps(row).encode("utf-8", "surrogatepass") + b"\n"
-    obj, fast = transfer._parse_flagged(line)
-    size = transfer._line_size(line, fast)
-    got = transfer._validate(obj, size, fast)
-    want = transfer._row_problem(json.loads(line), size)
+    obj, fast = reader._parse_flagged(line)
+    size = reader._line_size(line, fast)
+    got = codec.validate_parsed(obj, size, fast)
+    want = codec._row_problem(json.loads(line), size)
     if isinstance(want, str):
         assert got == want
     else:
         assert isinstance(got, CacheRow) and _fields(got) == _fields(want)
     res = obj.get("result") if isinstance(obj, dict) else None
-    if len(line) <= transfer.MAX_STRING and transfer._result_ok(res, 2):  # (it assumes short
-        assert transfer._result_problem(res) is None and _from_dict_ok(res)  # strings)
+    if len(line) <= codec.MAX_STRING and codec._result_ok(res, 2):  # (it assumes short
+        assert codec._result_problem(res) is None and _from_dict_ok(res)  # strings)
 
 
 def _base_rows() -> list[dict]:

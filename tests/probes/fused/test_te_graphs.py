@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from te_fl_attention.config import FusedAttnConfig
-from te_fl_attention.probes.cudnn_worker import CudnnWorker
+from te_fl_attention.probes.fused.worker import CudnnWorker
 
 try:
     import cudnn  # noqa: F401

@@ -8,10 +8,14 @@ from rule_cases import SHARED_NAMES, assert_covered, by_name, case_id, check, re
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
-from te_fl_attention.probes import flash_attn
+from te_fl_attention.probes.flash import fa2 as flash_fa2
+from te_fl_attention.probes.flash import fa3 as flash_fa3
+from te_fl_attention.probes.flash import fa4 as flash_fa4
+from te_fl_attention.probes.flash import probe as flash_probe
+from te_fl_attention.probes.flash import rules as flash_rules
 
-RULES = by_name((*flash_attn.SHARED, *flash_attn.FA2, *flash_attn.FA3, *flash_attn.FA4))
-PROBE = flash_attn.FlashAttnProbe()
+RULES = by_name((*flash_rules.SHARED, *flash_fa2.FA2, *flash_fa3.FA3, *flash_fa4.FA4))
+PROBE = flash_probe.FlashAttnProbe()
 
 FA3 = "h100:fa3=3.0.0b1"
 FA4_90 = "h100:fa4=4.0.0b36"
@@ -222,14 +226,14 @@ def test_fa4_accepts_padding_between_sequences():
 )
 def test_flavour_precedence(spec, config, variant):
     r = PROBE.probe(FusedAttnConfig(**config), profile(spec))
-    assert [v.backend for v in r.variants] == list(flash_attn.PRECEDENCE) == ["fa4", "fa3", "fa2"]
+    assert [v.backend for v in r.variants] == list(flash_rules.PRECEDENCE) == ["fa4", "fa3", "fa2"]
     assert r.detail["variant"] == variant
     assert r.supported == (variant is not None)
     if variant is not None:
         assert r.reasons == ()
         chosen = r.chosen_variant()
         assert chosen is not None and chosen.supported
-        ahead = list(flash_attn.PRECEDENCE)[: list(flash_attn.PRECEDENCE).index(variant)]
+        ahead = list(flash_rules.PRECEDENCE)[: list(flash_rules.PRECEDENCE).index(variant)]
         assert all(not v.supported for v in r.variants if v.backend in ahead)
     else:
         assert {x.code for x in r.reasons} >= {"fa2.not_installed", "fa3.not_installed",

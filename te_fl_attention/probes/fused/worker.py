@@ -6,9 +6,9 @@ caller's process. So probes run in a worker process that:
 
 * is spawned lazily on the first probe and reused for the next ones (its import of cuDNN and its
   device-property cache make every later probe ~1-10 ms);
-* sets up the driver (:func:`._stubcuda.setup_driver`: the stub only when no real driver is
+* sets up the driver (:func:`.stubcuda.setup_driver`: the stub only when no real driver is
   loadable), imports cudnn, and answers ``{"op": "probe", ...}`` requests with
-  :func:`.cudnn_graph.probe_config` results;
+  :func:`.graph.probe_config` results;
 * keeps the protocol on a private copy of its stdout: its fd 1 is pointed at fd 2, so whatever
   C++ prints cannot corrupt a reply; its stderr goes to a temporary file, whose tail explains a
   death ("Invalid handle. Cannot load symbol ...").
@@ -43,7 +43,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..workers import (
+from ...workers import (
     DEVICE_ENV,
     START_TIMEOUT_S,
     JsonWorker,
@@ -59,9 +59,9 @@ _STDERR_LIMIT = 1 << 20  # the worker truncates its stderr file past 1 MiB
 
 
 def _worker_result(code: str, message: str, **kw: Any) -> dict[str, Any]:
-    from .cudnn_graph import _result
+    from .graph import graph_result
 
-    return _result(
+    return graph_result(
         supported=False,
         decided=False,
         code=code,
@@ -83,7 +83,7 @@ class CudnnWorker(JsonWorker):
     def __init__(self, *, start_timeout_s: float = START_TIMEOUT_S,
                  env: Mapping[str, str] | None = None,
                  device: int | None = None) -> None:  # fmt: skip
-        super().__init__("te_fl_attention.probes.cudnn_worker", env=env, device=device,
+        super().__init__("te_fl_attention.probes.fused.worker", env=env, device=device,
                          name="probe worker", job="probe", start_timeout_s=start_timeout_s)
 
     def request(self, payload: Mapping[str, Any], timeout_s: float  # type: ignore[override]
@@ -111,7 +111,7 @@ class CudnnWorker(JsonWorker):
         use_real_gpu: bool = False,
         spec: bool = False,
     ) -> dict[str, Any]:
-        """:func:`.cudnn_graph.probe_config` in the worker; see the module doc for failures.
+        """:func:`.graph.probe_config` in the worker; see the module doc for failures.
 
         ``device_descriptor``: a descriptor dict, a catalog name (resolved here, so a bad name
         fails fast without a worker), or ``None`` with ``use_real_gpu`` (the worker's device
@@ -119,23 +119,23 @@ class CudnnWorker(JsonWorker):
         where the worker found a real driver with a GPU; elsewhere the descriptor answers,
         deviceless; the real path never ran on a GPU). ``spec``: also return the graphs'
         cudnn-frontend JSON (``graph_spec``) and TE's derived config (``derived``), see
-        :func:`.cudnn_graph.probe_config`. Never raises for a bad descriptor: the result says
+        :func:`.graph.probe_config`. Never raises for a bad descriptor: the result says
         ``cudnn.bad_descriptor``.
         """
-        from ..descriptors import DescriptorError, load_descriptor
-        from .cudnn_graph import _result
+        from ...descriptors import DescriptorError, load_descriptor
+        from .graph import graph_result
 
         if isinstance(device_descriptor, str):
             try:
                 device_descriptor = load_descriptor(device_descriptor)
             except DescriptorError as exc:
-                return _result(code="cudnn.bad_descriptor", step="device", message=str(exc))
+                return graph_result(code="cudnn.bad_descriptor", step="device", message=str(exc))
         if device_descriptor is None:
             device = None
         elif isinstance(device_descriptor, Mapping):
             device = {k: v for k, v in device_descriptor.items() if k != "_sources"}
         else:
-            return _result(code="cudnn.bad_descriptor", step="device",
+            return graph_result(code="cudnn.bad_descriptor", step="device",
                            message="a device descriptor is a JSON object or a catalog name, got "
                            f"{type(device_descriptor).__name__}")  # fmt: skip
         unnamed = None
@@ -161,7 +161,7 @@ class CudnnWorker(JsonWorker):
         try:
             json.dumps(payload)
         except (TypeError, ValueError) as exc:
-            return _result(code="cudnn.bad_descriptor", step="device",
+            return graph_result(code="cudnn.bad_descriptor", step="device",
                            message=f"the request is not plain JSON: {exc}")  # fmt: skip
         result = self.request(payload, timeout_s)
         if unnamed is not None:  # gpu-only
@@ -218,10 +218,10 @@ def _scan_stderr(offset: int) -> tuple[int, list[str]]:
 def _serve() -> int:  # runs in the worker subprocess (measured there by gpu_branches.py)
     out = protocol_stdout()
 
-    from . import _stubcuda, cudnn_graph
+    from . import graph, stubcuda
 
-    st = cudnn_graph.backend_status()
-    setup = _stubcuda.current_setup()
+    st = graph.backend_status()
+    setup = stubcuda.current_setup()
     hello = {
         "pid": os.getpid(),
         "ok": st["ok"],
@@ -243,17 +243,17 @@ def _serve() -> int:  # runs in the worker subprocess (measured there by gpu_bra
         if op != "probe":
             return {"error": f"unknown op {op!r}"}, False
         try:
-            result = cudnn_graph.probe_config(
+            result = graph.probe_config(
                 req["config"],
                 req.get("device"),
                 req.get("sm"),
                 build_plans=bool(req.get("build_plans")),
-                heuristics=tuple(req.get("heuristics") or cudnn_graph.HEURISTICS),
+                heuristics=tuple(req.get("heuristics") or graph.HEURISTICS),
                 use_real_gpu=bool(req.get("use_real_gpu")),
                 spec=bool(req.get("spec")),
             )
         except Exception as exc:  # noqa: BLE001 - report, keep serving
-            result = cudnn_graph._result(
+            result = graph.graph_result(
                 code="cudnn.probe_error", step="mapping", message=f"{type(exc).__name__}: {exc}"
             )
         offset, missing = _scan_stderr(offset)

@@ -12,13 +12,13 @@ import pytest
 from te_fl_attention import FusedAttnConfig, Policy, Selector
 from te_fl_attention.device import profile
 from te_fl_attention.presets import preset
-from te_fl_attention.probes import cudnn as cudnn_probe
 from te_fl_attention.probes import default_probes
+from te_fl_attention.probes.fused import probe as fused_probe
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("cudnn") is None, reason="needs the [cudnn] extra (CI installs it)"
 )
-PROBE = cudnn_probe.CudnnProbe(graph=True)
+PROBE = fused_probe.CudnnProbe(graph=True)
 
 
 def probe(device: str, **kw):
@@ -88,7 +88,7 @@ def test_other_cudnn_version_is_predicted():
 
 def test_without_cudnn_frontend_the_table_stands(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(cudnn_probe.importlib.util, "find_spec",
+    monkeypatch.setattr(fused_probe.importlib.util, "find_spec",
                         lambda name, *a: None if name == "cudnn" else real(name, *a))  # fmt: skip
     r = probe("h100")
     assert r.supported and r.stage == "rule" and r.detail["predicted"]
@@ -135,7 +135,7 @@ def test_real_handle_agrees_with_deviceless_on_this_gpu():
         current_ordinal,
         descriptor_sm,
     )
-    from te_fl_attention.probes.cudnn_worker import get_worker
+    from te_fl_attention.probes.fused.worker import get_worker
 
     ordinal = current_ordinal()
     captured = capture_local_descriptor(ordinal)

@@ -19,7 +19,7 @@ from cache_testutil import key, result
 
 from te_fl_attention.cache import ProbeCache, export, import_, merge, open_cache
 from te_fl_attention.cache import commands as cmd
-from te_fl_attention.cache.store import MemoryCache
+from te_fl_attention.cache.memory import MemoryCache
 
 ROOT = Path(__file__).resolve().parents[2]
 _CLI = "import sys; from te_fl_attention.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -414,7 +414,7 @@ def test_a_damaged_store_as_import_source_is_rejected(tmp_path):
 
 
 def test_prune_cannot_be_dodged_by_a_far_future_row(store):
-    from te_fl_attention.cache.store import make_row
+    from te_fl_attention.cache.rows import make_row
 
     future = make_row(key(1), result(1), created_at=time.time() + 10 * 365 * 86400)
     store.put_many([future, make_row(key(2), result(2))])

@@ -2,7 +2,7 @@
 
 The comparison is a pure function of cuDNN's answers (tested with made-up answers); the whole
 script runs in a child process that sees an H100 through ``tests/fakegpu`` with a fake cuDNN
-handle over the real deviceless planner (see ``test_cudnn_local.py`` for why a child).
+handle over the real deviceless planner (see ``test_local.py`` for why a child).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from fakegpu import FakeGPU
 
-from te_fl_attention.probes import cudnn_worker
+from te_fl_attention.probes.fused import worker as cudnn_worker
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("cudnn") is None, reason="needs the [cudnn] extra (CI installs it)"
 )
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = ROOT / "scripts" / "gpu"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -102,14 +102,14 @@ import pytest
 import fakegpu
 sys.path.insert(0, sys.argv[1])
 import cudnn_agreement
-from te_fl_attention.probes import cudnn_graph
+from te_fl_attention.probes.fused import graph as fused_graph
 
 gpu = sys.modules["te_fl_fake_gpu_installed"].gpu
 mp = pytest.MonkeyPatch()
 fakegpu.fake_cudnn_handle(mp, gpu)
 args = ["--in-process", "--family", "mla", "--family", "thd", "--out", sys.argv[2]]
 stub_rc = cudnn_agreement.main(args)  # the stub driver: no real handle, a setup error
-cudnn_graph.backend_status()["driver"] = "real"  # what a machine with a GPU driver reports
+fused_graph.backend_status()["driver"] = "real"  # what a machine with a GPU driver reports
 rc = cudnn_agreement.main(args)
 print("RESULT " + json.dumps({"stub_rc": stub_rc, "rc": rc}))
 """

@@ -33,9 +33,10 @@ from te_fl_attention.descriptors import (
     synthesize_descriptor,
 )
 from te_fl_attention.device import CATALOG, DeviceProfile, profile
-from te_fl_attention.probes import _stubcuda
-from te_fl_attention.probes.cudnn_graph import layout_pieces, strides_bhsd, summarize
-from te_fl_attention.probes.cudnn_worker import CudnnWorker
+from te_fl_attention.probes.fused import stubcuda
+from te_fl_attention.probes.fused.graph import summarize
+from te_fl_attention.probes.fused.mapping import layout_pieces, strides_bhsd
+from te_fl_attention.probes.fused.worker import CudnnWorker
 
 try:
     import cudnn  # noqa: F401
@@ -320,14 +321,14 @@ def test_worker_without_compiler_reports_unavailable(tmp_path):
 @pytest.fixture
 def fresh_stub_state(monkeypatch, tmp_path):
     monkeypatch.setenv("TE_FL_ATTENTION_STUB_DIR", str(tmp_path))
-    saved = _stubcuda.current_setup()
-    _stubcuda._reset_for_tests()
+    saved = stubcuda.current_setup()
+    stubcuda._reset_for_tests()
     calls = []
-    monkeypatch.setattr(_stubcuda, "build_stub", lambda: calls.append("build") or tmp_path / "x")
-    monkeypatch.setattr(_stubcuda, "load_stub", lambda path: calls.append("load"))
+    monkeypatch.setattr(stubcuda, "build_stub", lambda: calls.append("build") or tmp_path / "x")
+    monkeypatch.setattr(stubcuda, "load_stub", lambda path: calls.append("load"))
     yield calls
-    _stubcuda._reset_for_tests()
-    _stubcuda._state = saved
+    stubcuda._reset_for_tests()
+    stubcuda._state = saved
 
 
 @pytest.mark.parametrize("devices", [1, 0])
@@ -335,48 +336,48 @@ def test_stub_never_built_or_loaded_when_real_driver_loadable(
     fresh_stub_state, monkeypatch, devices
 ):
     monkeypatch.setattr(
-        _stubcuda,
+        stubcuda,
         "real_driver_status",
-        lambda: _stubcuda.DriverStatus(True, devices, "test double"),
+        lambda: stubcuda.DriverStatus(True, devices, "test double"),
     )
-    setup = _stubcuda.setup_driver()
+    setup = stubcuda.setup_driver()
     assert setup.mode == ("real" if devices else "real-nodevice")
     assert fresh_stub_state == []
 
 
 def test_stub_built_and_loaded_without_driver(fresh_stub_state, monkeypatch):
     monkeypatch.setattr(
-        _stubcuda, "real_driver_status", lambda: _stubcuda.DriverStatus(False, 0, "test double")
+        stubcuda, "real_driver_status", lambda: stubcuda.DriverStatus(False, 0, "test double")
     )
-    assert _stubcuda.setup_driver().mode == "stub"
+    assert stubcuda.setup_driver().mode == "stub"
     assert fresh_stub_state == ["build", "load"]
 
 
 def test_no_compiler_means_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv("TE_FL_ATTENTION_STUB_DIR", str(tmp_path))
-    monkeypatch.setattr(_stubcuda, "find_compiler", lambda: None)
+    monkeypatch.setattr(stubcuda, "find_compiler", lambda: None)
     monkeypatch.setattr(
-        _stubcuda, "real_driver_status", lambda: _stubcuda.DriverStatus(False, 0, "test double")
+        stubcuda, "real_driver_status", lambda: stubcuda.DriverStatus(False, 0, "test double")
     )
-    saved = _stubcuda.current_setup()
-    _stubcuda._reset_for_tests()
+    saved = stubcuda.current_setup()
+    stubcuda._reset_for_tests()
     try:
-        setup = _stubcuda.setup_driver()
+        setup = stubcuda.setup_driver()
     finally:
-        _stubcuda._reset_for_tests()
-        _stubcuda._state = saved
+        stubcuda._reset_for_tests()
+        stubcuda._state = saved
     assert setup.mode == "unavailable" and "no C compiler found" in setup.error
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.skipif(not _stubcuda.find_compiler(), reason="no C compiler")
+@pytest.mark.skipif(not stubcuda.find_compiler(), reason="no C compiler")
 def test_stub_build_is_cached_by_source_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("TE_FL_ATTENTION_STUB_DIR", str(tmp_path))
-    path = _stubcuda.build_stub()  # built, not loaded: this test process keeps no stub
-    assert path == _stubcuda.stub_path() and path.name == "libcuda.so.1"
+    path = stubcuda.build_stub()  # built, not loaded: this test process keeps no stub
+    assert path == stubcuda.stub_path() and path.name == "libcuda.so.1"
     assert path.parent.parent == tmp_path and len(path.parent.name) == 16
     mtime = path.stat().st_mtime_ns
-    assert _stubcuda.build_stub() == path and path.stat().st_mtime_ns == mtime
+    assert stubcuda.build_stub() == path and path.stat().st_mtime_ns == mtime
     if shutil.which("readelf"):
         dyn = subprocess.run(["readelf", "-dW", str(path)], capture_output=True, text=True).stdout
         assert "Library soname: [libcuda.so.1]" in dyn
@@ -396,22 +397,22 @@ def test_stub_build_is_cached_by_source_hash(tmp_path, monkeypatch):
             assert f" T {name}\n" in syms, name
 
 
-@pytest.mark.skipif(not _stubcuda.find_compiler(), reason="no C compiler")
+@pytest.mark.skipif(not stubcuda.find_compiler(), reason="no C compiler")
 def test_incomplete_stub_is_flagged_not_believed(tmp_path, monkeypatch):
     # A stub lacking a symbol cuDNN resolves at plan time makes cuDNN decline every engine; the
     # worker notices cuDNN's "Could not load symbol" and marks the answer undecided.
     monkeypatch.setenv("TE_FL_ATTENTION_STUB_DIR", str(tmp_path))
-    target = _stubcuda.stub_path()
+    target = stubcuda.stub_path()
     target.parent.mkdir(parents=True)
     src = (
-        _stubcuda.stub_source()
+        stubcuda.stub_source()
         .decode()
         .replace("STUB_EXPORT stub_result cuLaunchKernel(", "static stub_result not_exported(")
     )
     (tmp_path / "broken.c").write_text(src)
     cmd = [
-        _stubcuda.find_compiler(),
-        *_stubcuda.CFLAGS,
+        stubcuda.find_compiler(),
+        *stubcuda.CFLAGS,
         "-o",
         str(target),
         str(tmp_path / "broken.c"),
@@ -419,10 +420,10 @@ def test_incomplete_stub_is_flagged_not_believed(tmp_path, monkeypatch):
     subprocess.run(cmd, check=True, capture_output=True)
     # Planted as the builder leaves its own (0600, its sha256 beside it), so it is reused.
     target.chmod(0o600)
-    hash_file = _stubcuda._hash_path(target)
-    hash_file.write_text(_stubcuda._sha256(target))
+    hash_file = stubcuda._hash_path(target)
+    hash_file.write_text(stubcuda._sha256(target))
     hash_file.chmod(0o600)
-    assert _stubcuda.reuse_problem(target) is None
+    assert stubcuda.reuse_problem(target) is None
     with CudnnWorker(env=dict(os.environ)) as w:
         r = w.probe(FusedAttnConfig().to_dict(), "h100")
     assert (r["supported"], r["decided"], r["code"]) == (False, False, "cudnn.stub_incomplete")
@@ -431,7 +432,7 @@ def test_incomplete_stub_is_flagged_not_believed(tmp_path, monkeypatch):
 
 def test_real_driver_status_here():
     # This machine class has no NVIDIA driver; a real one would make this a no-op check.
-    status = _stubcuda.real_driver_status()
+    status = stubcuda.real_driver_status()
     if not status.loadable:
         assert "libcuda.so.1" in status.detail
 

@@ -1,13 +1,9 @@
-"""ProbeCache / MemoryCache API, environment handling and fork safety."""
+"""ProbeCache / MemoryCache API and fork safety."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
-import os
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,12 +13,8 @@ from te_fl_attention.cache import (
     CacheKey,
     MemoryCache,
     ProbeCache,
-    default_cache,
-    default_path,
-    open_cache,
-    reset_default_cache,
 )
-from te_fl_attention.cache.store import make_row
+from te_fl_attention.cache.rows import make_row
 from te_fl_attention.reasons import ProbeResult
 
 
@@ -134,46 +126,6 @@ def test_nan_elapsed_is_stored(store):
     store.put(key(1), r)
     got = store.get(key(1))
     assert got is not None and got.supported and got.elapsed_ms != got.elapsed_ms
-
-
-# ------------------------------------------------------------------------- location / environment
-def test_open_cache_env(tmp_path, monkeypatch):
-    for off in ("off", "0", "none", "OFF"):
-        monkeypatch.setenv("TE_FL_ATTN_CACHE", off)
-        assert isinstance(open_cache(), MemoryCache)
-    monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "x.sqlite"))
-    c = open_cache()
-    assert isinstance(c, ProbeCache) and c.path == tmp_path / "x.sqlite"
-    explicit = open_cache(tmp_path / "y.sqlite")
-    assert explicit.path == tmp_path / "y.sqlite"
-    monkeypatch.delenv("TE_FL_ATTN_CACHE")
-    assert open_cache().path == default_path()
-    assert default_path().name == "probes.sqlite"
-
-
-def test_default_cache_singleton(monkeypatch, tmp_path):
-    a = default_cache()
-    assert default_cache() is a
-    a.put(key(1), result(1))
-    monkeypatch.setenv("TE_FL_ATTN_CACHE", "off")
-    reset_default_cache()
-    b = default_cache()
-    assert b is not a and isinstance(b, MemoryCache)
-
-
-def test_import_is_light():
-    code = ("import sys, te_fl_attention.cache, te_fl_attention.cache.commands; "
-            "print(json.dumps([m for m in ('torch', 'rich') if m in sys.modules]))")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": _root()}
-    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,
-                         text=True, check=True, env=env)  # fmt: skip
-    assert json.loads(out.stdout) == []
-
-
-def _root() -> str:
-    import te_fl_attention
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(te_fl_attention.__file__)))
 
 
 # ------------------------------------------------------------------------------------------ fork

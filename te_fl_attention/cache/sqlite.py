@@ -1,0 +1,639 @@
+"""`ProbeCache`: probe results persisted in one SQLite file, shared by every process on a machine.
+
+Design:
+
+* WAL journal, ``synchronous=NORMAL``: a ``put`` that returned survives the process being killed
+  (not necessarily a power cut). Readers never block writers.
+* One connection per process, opened lazily; connections are closed before ``fork`` and reopened
+  in both parent and child. ``SQLITE_BUSY`` is retried (``busy_timeout`` then our own backoff), so
+  concurrent writers never see an error.
+* Rows are keyed ``(config_key, backend, ctx)`` where ``ctx`` is a 63-bit id derived from
+  ``(device_fp, versions_key)``; the ``contexts`` table maps it back (and holds the device JSON),
+  ``configs`` holds each config's JSON once. Each row carries a CRC over its key and result, so
+  a damaged row is a miss, never a wrong hit.
+* A store that is not ours, damaged or from a newer schema is moved aside as
+  ``<path>.corrupt-<timestamp>`` and rebuilt, with one warning. Moving aside needs an exclusive
+  ``flock`` on ``<path>.lock`` (every open store holds a shared one), so a file other processes
+  are using is never moved; this process then keeps results in memory instead.
+* A store that cannot be written degrades to an in-process memo with one warning (rows already
+  stored are still served, read-only); :attr:`ProbeCache.problem` says why.
+* The path is looked at before anything opens it: a FIFO, device or directory there, a symbolic
+  link that leads out of the cache directory, or a path that cannot be looked at (permission,
+  name too long) is never opened: memory mode, with one warning naming ``TE_FL_ATTN_CACHE``. The
+  default cache directory is created ``0700`` and the store file ``0600`` (whatever the umask);
+  an explicitly named path's directory must exist.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..reasons import ProbeResult
+from . import _json
+from ._lifecycle import BUSY_TIMEOUT_S, OPEN_STORES, SCHEMA_VERSION, SQLiteFile
+from .keys import CacheKey
+from .memory import BaseCache, keep_set
+from .rows import (
+    FUTURE_SKEW_S,
+    CacheRow,
+    OnConflict,
+    PutItem,
+    ctx_id,
+    dumps,
+    loads_dict,
+    row_crc,
+    row_crc_bytes,
+    row_params,
+    to_row,
+)
+
+_COLUMNS = (
+    "config_key, backend, ctx, supported, stage, elapsed_ms, created_at, package_version, crc,"
+    " result"
+)
+_UPDATE = (
+    "supported=excluded.supported, stage=excluded.stage, elapsed_ms=excluded.elapsed_ms,"
+    " created_at=excluded.created_at, package_version=excluded.package_version,"
+    " crc=excluded.crc, result=excluded.result"
+)
+_INSERT = {
+    "replace": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+    f" ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}",
+    "ignore": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+    " ON CONFLICT DO NOTHING",
+    "newer": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+    f" ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}"
+    " WHERE excluded.created_at > probes.created_at",
+}
+_INSERT_CTX = (
+    "INSERT INTO contexts (ctx, device_fp, versions_key, device) VALUES (?,?,?,?)"
+    " ON CONFLICT (ctx) DO UPDATE SET device=excluded.device"
+    " WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
+)
+_INSERT_CFG = "INSERT INTO configs (config_key, config) VALUES (?,?) ON CONFLICT DO NOTHING"
+# Lookups read the result as its stored UTF-8 bytes (checksummed and parsed without decoding);
+# a value that is not text (a damaged row) reads as NULL, a miss.
+_RESULT_UTF8 = "CASE WHEN typeof(result) = 'text' THEN CAST(result AS BLOB) END"
+_GET = f"SELECT crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND backend=? AND ctx=?"
+_GET_CONFIG = f"SELECT backend, crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND ctx=?"
+_EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
+_ROWS = (
+    "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.package_version, p.crc, p.result,"
+    " c.device_fp, c.versions_key, c.device, g.config FROM probes p"
+    " LEFT JOIN contexts c ON c.ctx = p.ctx LEFT JOIN configs g ON g.config_key = p.config_key"
+)
+
+
+_json_loads = _json.loads
+_from_dict = ProbeResult.from_dict
+#: A made-up stored result (reasons, variants, detail) that :meth:`ProbeCache.warm_up` decodes.
+_WARM_ROW = dumps({
+    "backend": "flash", "supported": True, "reasons": [], "stage": "rule", "evidence": "rules",
+    "elapsed_ms": 0.25, "detail": {"variant": "fa2"}, "variants": [
+        {"backend": "fa2", "supported": True, "reasons": [], "stage": "rule",
+         "evidence": "rules", "elapsed_ms": 0.0, "detail": {}, "variants": []},
+        {"backend": "fa3", "supported": False, "reasons": [
+            {"code": "sm", "message": "needs sm90", "stage": "rule", "observed": 80,
+             "limit": [90, 90], "hint": None}],
+         "stage": "rule", "evidence": "rules", "elapsed_ms": 0.0, "detail": {}, "variants": []},
+    ],
+}).encode()  # fmt: skip
+
+
+@contextlib.contextmanager
+def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any exception roll back (quietly) and re-raise."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+class ProbeCache(SQLiteFile, BaseCache):
+    """Probe results in one SQLite file (see the module docstring for the guarantees).
+
+    No method raises on a storage problem: reads miss, writes fall back to process memory, and
+    each kind of trouble is logged once per store on ``te_fl_attention.cache``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+        create_dir: bool = True,
+    ) -> None:
+        super().__init__()
+        self.path = Path(path).expanduser()
+        self.readonly = readonly
+        #: Create the store's directory (0700) when missing; ``False``: it must exist.
+        self.create_dir = create_dir
+        #: Why the store is not (fully) usable, once it is not: ``None`` while all is well.
+        self.problem: str | None = None
+        self.busy_timeout_s = busy_timeout_s
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._lock_fd: int | None = None
+        self._writable = not readonly
+        self._dead = False  # True: no readable store (memo only) for this process
+        self._known_ctx: dict[int, bool] = {}  # ctx -> stored with device JSON
+        self._known_cfg: set[str] = set()
+        self._bad_rows = 0
+        #: Rows that ``put_many``/a bulk writer had to keep in memory (the file was not written).
+        self.in_memory_writes = 0
+        self._warned: set[str] = set()
+        OPEN_STORES.add(self)
+
+    def __repr__(self) -> str:
+        return f"ProbeCache({str(self.path)!r}, mode={self.mode!r})"
+
+    @property
+    def mode(self) -> str:
+        """``rw``, ``ro`` (read-only: by request or after a write failure) or ``memo``."""
+        if self._dead:
+            return "memo"
+        return "rw" if self._writable else "ro"
+
+
+
+    # ---------------------------------------------------------------- reads
+    def _decode(self, key: CacheKey, crc: Any, data: Any) -> ProbeResult | None:
+        """The result of a ``_GET``/``_GET_CONFIG`` row (``data``: its UTF-8 bytes), or ``None``
+        (counted, warned once) when its checksum or content is bad."""
+        try:
+            if type(data) is not bytes or row_crc_bytes(key, data) != crc:
+                raise ValueError("checksum mismatch")
+            return _from_dict(_json_loads(data))
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            self._bad_row()
+            return None
+
+    def get(self, key: CacheKey) -> ProbeResult | None:
+        """The stored result for ``key``, or ``None``."""
+        if self._memo:
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit[1]
+        try:
+            params = (key[0], key[1], ctx_id(key[2], key[3]))
+        except (TypeError, IndexError, AttributeError):
+            return None
+        row = self.run(lambda c: c.execute(_GET, params).fetchone(), write=False, miss=None)
+        return None if row is None else self._decode(CacheKey(*key), row[0], row[1])
+
+    def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]:
+        """The hits among ``keys``, read in one transaction (misses are absent)."""
+        out: dict[CacheKey, ProbeResult] = {}
+        memo = self._memo
+        groups: dict[tuple[str, int], dict[str, CacheKey]] = {}
+        for k in keys:
+            key = k if type(k) is CacheKey else CacheKey(*k)
+            hit = memo.get(key) if memo else None
+            if hit is not None:
+                out[key] = hit[1]
+                continue
+            group = (key[0], ctx_id(key[2], key[3]))
+            wanted = groups.get(group)
+            if wanted is None:
+                groups[group] = {key[1]: key}
+            else:
+                wanted[key[1]] = key
+        if not groups:
+            return out
+
+        def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any, Any]]:
+            # One statement per (config, device, stack): a selection reads all its candidates
+            # at once. Several statements share one read transaction.
+            found = []
+            if len(groups) == 1:  # one statement: its own read transaction
+                for (config_key, ctx), wanted in groups.items():
+                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
+                        k = wanted.get(backend)
+                        if k is not None:
+                            found.append((k, crc, data))
+                return found
+            conn.execute("BEGIN")
+            try:
+                for (config_key, ctx), wanted in groups.items():
+                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
+                        k = wanted.get(backend)
+                        if k is not None:
+                            found.append((k, crc, data))
+                return found
+            finally:
+                conn.execute("COMMIT")
+
+        decode = self._decode
+        for key, crc, data in self.run(read, write=False, miss=[]):
+            result = decode(key, crc, data)
+            if result is not None:
+                out[key] = result
+        return out
+
+    def get_rows(self, keys: Iterable[CacheKey]) -> dict[CacheKey, CacheRow]:
+        """The stored rows (with bookkeeping) among ``keys``, read in one transaction."""
+        keys = [CacheKey(*k) for k in keys]
+        out: dict[CacheKey, CacheRow] = {}
+        sql = _ROWS + " WHERE p.config_key=? AND p.backend=? AND p.ctx=?"
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            conn.execute("BEGIN")
+            try:
+                return [conn.execute(sql, (k[0], k[1], ctx_id(k[2], k[3]))).fetchone()
+                        for k in keys]  # fmt: skip
+            finally:
+                conn.execute("COMMIT")
+
+        found = self.run(read, write=False, miss=[None] * len(keys)) if keys else []
+        for key, r in zip(keys, found, strict=True):
+            memo = self._memo.get(key)
+            row = self._memo_row(memo[0]) if memo else (self._row_from_db(r) if r else None)
+            if row is not None and row.key == key:
+                out[key] = row
+        return out
+
+    def __len__(self) -> int:
+        n = self.run(lambda c: c.execute("SELECT count(*) FROM probes").fetchone()[0],
+                       write=False, miss=0)  # fmt: skip
+        return int(n) + len(self._memo)
+
+    def warm_up(self) -> None:
+        """Start-up work for lookups (:meth:`Selector.prepare` runs it): open and check the file,
+        compile the lookup statements, read the top of the table, and run the decoding once on a
+        made-up row, so that a first lookup pays only for its own rows. Reads no real row."""
+        probe = ("0" * 64, 0)
+
+        def touch(conn: sqlite3.Connection) -> None:
+            conn.execute(_GET_CONFIG, probe).fetchall()
+            conn.execute(_GET, (probe[0], "unfused", probe[1])).fetchall()
+
+        self.run(touch, write=False, miss=None)
+        key = CacheKey("0" * 64, "flash", "0" * 64, "0" * 64)
+        for _ in range(8):  # a few runs: the interpreter specialises code that ran a few times
+            self._decode(key, row_crc_bytes(key, _WARM_ROW), _WARM_ROW)
+
+    def iter_rows(
+        self,
+        *,
+        backend: str | None = None,
+        config_prefix: str | None = None,
+        device_fp: str | None = None,
+        page: int = 2000,
+    ) -> Iterator[CacheRow]:
+        """Every readable row (optionally filtered), in key order, read ``page`` rows at a time.
+
+        Rows kept in memory (after a write failure) come last. Damaged rows are skipped.
+        """
+        where: list[str] = []
+        params: list[Any] = []
+        if backend is not None:
+            where.append("p.backend = ?")
+            params.append(backend)
+        if config_prefix:
+            where.append("p.config_key >= ? AND p.config_key < ?")
+            params += [config_prefix, config_prefix + "g"]
+        if device_fp is not None:
+            where.append("c.device_fp = ?")
+            params.append(device_fp)
+        last: tuple[str, str, int] | None = None
+        while True:
+            clauses = list(where)
+            args = list(params)
+            if last is not None:
+                clauses.append("(p.config_key, p.backend, p.ctx) > (?, ?, ?)")
+                args += list(last)
+            sql = _ROWS + (" WHERE " + " AND ".join(clauses) if clauses else "")
+            sql += " ORDER BY p.config_key, p.backend, p.ctx LIMIT ?"
+            args.append(page)
+            batch = self.run(lambda c, q=sql, a=args: c.execute(q, a).fetchall(),
+                               write=False, miss=[])  # fmt: skip
+            for r in batch:
+                row = self._row_from_db(r)
+                if row is not None and row.key not in self._memo:
+                    yield row
+            if len(batch) < page:
+                break
+            last = (batch[-1][0], batch[-1][1], batch[-1][2])
+        for key, (row, _) in sorted(self._memo.items()):
+            if backend is not None and key.backend != backend:
+                continue
+            if config_prefix and not key.config_key.startswith(config_prefix):
+                continue
+            if device_fp is not None and key.device_fp != device_fp:
+                continue
+            yield self._memo_row(row)
+
+    def recent(self, limit: int, *, backend: str | None = None) -> list[CacheRow]:
+        """The ``limit`` most recently stored rows (``limit <= 0``: all), newest first."""
+        sql = _ROWS + (" WHERE p.backend = ?" if backend is not None else "")
+        sql += " ORDER BY p.created_at DESC" + (" LIMIT ?" if limit > 0 else "")
+        args: list[Any] = [backend] if backend is not None else []
+        if limit > 0:
+            args.append(limit)
+        found = self.run(lambda c: c.execute(sql, args).fetchall(), write=False, miss=[])
+        rows = [row for row in map(self._row_from_db, found) if row is not None]
+        memo = [self._memo_row(row) for row, _ in self._memo.values()
+                if backend in (None, row.key.backend)]  # fmt: skip
+        if memo:
+            keys = {row.key for row in memo}
+            rows = [row for row in rows if row.key not in keys] + memo
+            rows.sort(key=lambda r: r.created_at, reverse=True)
+        return rows[:limit] if limit > 0 else rows
+
+    def _row_from_db(self, r: tuple[Any, ...]) -> CacheRow | None:
+        """A row from a ``_ROWS`` query; ``None`` (counted, warned once) if damaged."""
+        try:
+            ck, backend, _ctx, created, pkg, crc, text, fp, vk, device, config = r
+            if fp is None and vk is None:
+                return None  # no context row: cannot name its key
+            if not all(isinstance(x, str) for x in (ck, backend, fp, vk, text)):
+                raise TypeError("damaged column types")
+            key = CacheKey(ck, backend, fp, vk)
+            result = loads_dict(text) if row_crc(key, text) == crc else None
+            if result is None:
+                raise ValueError("checksum mismatch")
+            return CacheRow(key, result, float(created), str(pkg), loads_dict(config),
+                            loads_dict(device))  # fmt: skip
+        except (TypeError, ValueError):
+            self._bad_row()
+            return None
+
+    def _bad_row(self) -> None:
+        self._bad_rows += 1
+        self._warn("bad_row", "probe cache %s: ignoring a damaged row (it reads as a miss)",
+                   self.path)  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by backend, device, software stack and verdict, plus file size and mode."""
+
+        def read(conn: sqlite3.Connection) -> dict[str, Any]:
+            conn.execute("BEGIN")
+            try:
+                by_backend = conn.execute(
+                    "SELECT backend, count(*) FROM probes GROUP BY backend"
+                ).fetchall()
+                per_ctx = conn.execute(
+                    "SELECT c.device_fp, c.versions_key, c.device, n FROM (SELECT ctx, count(*)"
+                    " AS n FROM probes GROUP BY ctx) p LEFT JOIN contexts c ON c.ctx = p.ctx"
+                ).fetchall()
+                verdict = conn.execute(
+                    "SELECT supported, count(*) FROM probes GROUP BY supported"
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            by_device: Counter[str] = Counter()
+            by_versions: Counter[str] = Counter()
+            names: dict[str, str] = {}
+            for fp, vk, device, n in per_ctx:  # str(): a damaged file may hold other types
+                by_device[str(fp or "unknown")] += n
+                by_versions[str(vk or "unknown")] += n
+                d = loads_dict(device)
+                if d and isinstance(d.get("name"), str):
+                    names[str(fp)] = d["name"]
+            ok = sum(n for v, n in verdict if v == 1)
+            total = sum(n for _, n in by_backend)
+            return {
+                "entries": total,
+                "by_backend": {str(b): n for b, n in by_backend},
+                "by_device": dict(by_device),
+                "device_names": names,
+                "by_versions_key": dict(by_versions),
+                "by_verdict": {"supported": ok, "unsupported": total - ok},
+            }
+
+        out = self.run(read, write=False, miss=None) or self._tally(())
+        if self._memo:
+            memo = self._tally(row for row, _ in self._memo.values())
+            out["entries"] += memo["entries"]
+            for field in ("by_backend", "by_device", "by_versions_key", "by_verdict"):
+                for k, v in memo[field].items():
+                    out[field][k] = out[field].get(k, 0) + v
+            out["device_names"].update(memo["device_names"])
+        size = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                size += os.stat(f"{self.path}{suffix}").st_size
+        return {"path": str(self.path), "mode": self.mode, "size_bytes": size,
+                "schema_version": SCHEMA_VERSION, **out}  # fmt: skip
+
+    # ---------------------------------------------------------------- writes
+    def put_many(
+        self, items: Iterable[PutItem], *, on_conflict: OnConflict = "replace",
+        checked: bool = False,
+    ) -> int:  # fmt: skip
+        """Store many rows in one transaction; returns how many rows were written.
+
+        ``items``: :class:`CacheRow` or ``(key, result[, config, device])`` tuples.
+        ``on_conflict``: ``replace`` (default), ``ignore`` (keep what is stored) or ``newer``
+        (replace only with a later ``created_at``). ``checked``: the rows' keys are known good.
+        """
+        rows = [to_row(item, checked) for item in items]
+        if not rows:
+            return 0
+        params = [row_params(row) for row in rows]
+        written = self._write(rows, params, on_conflict)
+        if written is None:  # not writable: keep them in memory
+            with self._lock:
+                n = sum(self._memo_put(row, on_conflict) for row in rows)
+                self.in_memory_writes += n
+                return n
+        return written
+
+    def _write(
+        self, rows: list[CacheRow], params: list[tuple[Any, ...]], on_conflict: OnConflict
+    ) -> int | None:
+        ctxs: dict[int, tuple[Any, ...]] = {}
+        cfgs: dict[str, str] = {}
+        for row, p in zip(rows, params, strict=True):
+            ctx = p[2]
+            if row.device is not None or ctx not in ctxs:
+                ctxs[ctx] = (ctx, row.key.device_fp, row.key.versions_key,
+                             dumps(row.device) if row.device is not None else None)  # fmt: skip
+            if row.config is not None and row.key.config_key not in cfgs:
+                cfgs[row.key.config_key] = dumps(row.config)
+        return self._write_params(params, ctxs, cfgs, on_conflict)
+
+    def _write_params(
+        self, params: list[tuple[Any, ...]], ctxs: dict[int, tuple[Any, ...]],
+        cfgs: dict[str, str], on_conflict: OnConflict,
+    ) -> int | None:  # fmt: skip
+        """Write rows given as ``probes`` parameters, with their ``contexts``/``configs`` rows,
+        in one transaction; the number written, or ``None`` if the store cannot be written."""
+        sql = _INSERT[on_conflict]
+
+        def write(conn: sqlite3.Connection) -> int:
+            known = self._known_ctx
+            new_ctx = [v for k, v in ctxs.items()
+                       if k not in known or (v[3] is not None and not known[k])]  # fmt: skip
+            new_cfg = [kv for kv in cfgs.items() if kv[0] not in self._known_cfg]
+            if len(params) == 1 and not new_ctx and not new_cfg:
+                n = conn.execute(sql, params[0]).rowcount  # one statement, autocommit
+                verify_written(conn, params)
+                return n
+            with _write_txn(conn):
+                if new_ctx:
+                    conn.executemany(_INSERT_CTX, new_ctx)
+                if new_cfg:
+                    conn.executemany(_INSERT_CFG, new_cfg)
+                n = conn.executemany(sql, params).rowcount
+                verify_written(conn, params)
+            for v in new_ctx:
+                known[v[0]] = known.get(v[0], False) or v[3] is not None
+            self._known_cfg.update(k for k, _ in new_cfg)
+            return n
+
+        n = self.run(write, write=True, miss=-1)
+        return None if n < 0 else n
+
+    def bulk_writer(self, on_conflict: OnConflict = "ignore") -> BulkWriter:
+        """A :class:`BulkWriter` into this store (what imports use)."""
+        return BulkWriter(self, on_conflict)
+
+    def prune(self, older_than_s: float | None = None,
+              not_versions_key: str | Iterable[str] | None = None) -> int:  # fmt: skip
+        """Delete rows older than ``older_than_s`` and/or whose versions key is not
+        ``not_versions_key`` (one key, or a collection of keys to keep)."""
+        keep = keep_set(not_versions_key)
+        if older_than_s is None and keep is None:
+            return 0
+        clauses: list[str] = []
+        args: list[Any] = []
+        if older_than_s is not None:  # and rows stamped in the future: they cannot dodge it
+            clauses.append("created_at < ? OR created_at > ?")
+            args += [time.time() - older_than_s, time.time() + FUTURE_SKEW_S]
+        if keep is not None:
+            marks = ",".join("?" * len(keep)) or "NULL"
+            clauses.append(f"ctx IN (SELECT ctx FROM contexts WHERE versions_key NOT IN ({marks}))")
+            args.extend(sorted(keep))
+
+        def delete(conn: sqlite3.Connection) -> int:
+            with _write_txn(conn):
+                n = conn.execute("DELETE FROM probes WHERE " + " OR ".join(clauses),
+                                 args).rowcount  # fmt: skip
+                conn.execute("DELETE FROM configs WHERE config_key NOT IN "
+                             "(SELECT config_key FROM probes)")  # fmt: skip
+            self._known_cfg.clear()
+            return n
+
+        with self._lock:
+            memo = self._memo_prune(older_than_s, keep)
+        return max(0, self.run(delete, write=True, miss=0)) + memo
+
+    def clear(self) -> int:
+        """Delete every row (and compact the file when nobody is using it); returns how many."""
+
+        def delete(conn: sqlite3.Connection) -> int:
+            with _write_txn(conn):
+                n = conn.execute("DELETE FROM probes").rowcount
+                conn.execute("DELETE FROM configs")
+            self._known_cfg.clear()
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("VACUUM")
+            return n
+
+        with self._lock:
+            memo = len(self._memo)
+            self._memo.clear()
+        return max(0, self.run(delete, write=True, miss=0)) + memo
+
+    def check_integrity(self) -> str | None:
+        """Run SQLite's ``quick_check`` over the whole file (milliseconds per 10k rows: for
+        imports, merges and tools, never the lookup path). A store that fails it is quarantined
+        (moved aside and started afresh, or, while other processes use it, not used by this
+        process): it is never written to again. Returns the problem, or ``None``."""
+        found = self.run(lambda c: [str(r[0]) for r in c.execute("PRAGMA quick_check(5)")],
+                           write=False, miss=None)  # fmt: skip
+        if found is None:
+            return self.problem
+        if found == ["ok"]:
+            return None
+        reason = "integrity check failed: " + "; ".join(found)[:300]
+        with self._lock:
+            if self.readonly:
+                self._unusable(reason)
+            else:
+                self._quarantine(reason)
+        return reason
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the main file (best effort; for benchmarks and tools)."""
+        self.run(lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(),
+                   write=True, miss=None)  # fmt: skip
+
+
+class BulkWriter:
+    """Checked rows on their way into a :class:`ProbeCache`, held as compact insert parameters
+    (the parsed rows can go at once) and written by :meth:`flush`, one transaction per call:
+    what :meth:`ProbeCache.put_many` with ``checked=True`` does for the same rows.
+
+    :meth:`add` takes ``plain=True`` only for rows whose config/device came from
+    :func:`._json.loads_flagged` with its flag set (plain JSON values: written with orjson).
+    """
+
+    def __init__(self, store: ProbeCache, on_conflict: OnConflict = "ignore") -> None:
+        self.store = store
+        self.on_conflict: OnConflict = on_conflict
+        self.params: list[tuple[Any, ...]] = []
+        self._ctxs: dict[int, tuple[Any, ...]] = {}
+        self._cfgs: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add(self, row: CacheRow, plain: bool = False) -> None:
+        p = row_params(row)
+        self.params.append(p)
+        ctx, device, config = p[2], row.device, row.config
+        if device is not None or ctx not in self._ctxs:
+            self._ctxs[ctx] = (ctx, row.key.device_fp, row.key.versions_key,
+                               None if device is None else _json.dumps_loaded(device, plain))
+        if config is not None and p[0] not in self._cfgs:
+            self._cfgs[p[0]] = _json.dumps_loaded(config, plain)
+
+    def flush(self) -> int:
+        """Write what was added; returns how many rows were written (kept in memory when the
+        store cannot be written, as ``put_many`` does)."""
+        if not self.params:
+            return 0
+        params, ctxs, cfgs = self.params, self._ctxs, self._cfgs
+        self.params, self._ctxs, self._cfgs = [], {}, {}
+        written = self.store._write_params(params, ctxs, cfgs, self.on_conflict)
+        if written is None:
+            rows = [_row_from_params(p, ctxs, cfgs) for p in params]
+            with self.store._lock:
+                n = sum(self.store._memo_put(row, self.on_conflict) for row in rows)
+                self.store.in_memory_writes += n
+                return n
+        return written
+
+
+def _row_from_params(p: tuple[Any, ...], ctxs: dict[int, tuple[Any, ...]],
+                     cfgs: dict[str, str]) -> CacheRow:  # fmt: skip
+    """The :class:`CacheRow` a :class:`BulkWriter` row stands for (to keep it in memory)."""
+    ck, backend, ctx, _, _, _, created, pkg, _, text = p
+    _, fp, vk, device = ctxs[ctx]
+    return CacheRow(CacheKey(ck, backend, fp, vk), json.loads(text), created, pkg,
+                    loads_dict(cfgs.get(ck)), loads_dict(device), text)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- helpers
+def verify_written(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None:
+    """Look up (a sample of) the rows just written: a damaged b-tree can lose them silently."""
+    step = max(1, len(params) // 32)
+    for p in params[::step]:
+        if conn.execute(_EXISTS, p[:3]).fetchone() is None:
+            raise sqlite3.DatabaseError("database disk image is malformed (a row just written "
+                                        "cannot be found)")  # fmt: skip
