@@ -156,7 +156,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from .policy import Policy
 
     if args.html:  # checked before the work: a bad path is an error now, not after planning
-        from .cache._files import OutputPathError, check_output_path
+        from .files import OutputPathError, check_output_path
 
         try:
             check_output_path(args.html)

@@ -171,6 +171,6 @@ def render_html(plan: FleetPlan, *, uniform: bool = False, title: str | None = N
 def write_html(plan: FleetPlan, path: str | os.PathLike[str], *, uniform: bool = False) -> None:
     """Write :func:`render_html` to ``path`` (UTF-8): to a temporary file in the same directory,
     flushed and renamed into place, so a failure leaves no partial report."""
-    from .cache._files import write_text_atomic
+    from .files import write_text_atomic
 
     write_text_atomic(path, render_html(plan, uniform=uniform))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from . import _files
+from .. import files as _files
 from .keys import package_version
 
 try:  # POSIX only; elsewhere stores are never moved while possibly open elsewhere

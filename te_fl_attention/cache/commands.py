@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _files
+from .. import files as _files
 from .keys import KNOWN_BACKENDS, is_hex64
 from .memory import MemoryCache
 from .rows import CacheRow

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import _files, _json
+from .. import files as _files
+from . import _json
 from .memory import MemoryCache
 from .rows import MAX_DEPTH, MAX_ROW, CacheRow, is_number, validate_parsed
 from .sqlite import ProbeCache

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
+from .. import files as _files
 from ..reasons import ProbeResult
-from . import _files
 from .keys import CacheKey, package_version
 from .memory import MemoryCache
 from .reader import (

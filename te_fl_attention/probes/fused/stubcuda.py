@@ -170,7 +170,7 @@ def build_stub() -> Path:
 
     An existing stub is reused only when :func:`reuse_problem` finds nothing wrong; otherwise it
     is rebuilt in place."""
-    from ...cache._files import make_private_dirs
+    from ...files import make_private_dirs
 
     target = stub_path()
     if target.is_file() and reuse_problem(target) is None:
