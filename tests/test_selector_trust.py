@@ -222,15 +222,17 @@ def test_recorded_fleet_results_are_held_to_the_local_rules():
     assert d.result("fused").reasons[0].code == "fused.dtype"
 
 
-def test_rule_verdicts_are_memoized_per_config_object_and_rule_set(monkeypatch):
-    """A config seen again reuses its rule verdicts; replacing a rule set is a new verdict."""
+def test_rule_verdicts_follow_the_rule_set_and_leave_no_state_on_the_config(monkeypatch):
+    """Rule verdicts are evaluated afresh (no per-object memo: it cost more than it saved on the
+    new config objects a warm job sees): replacing a rule set changes the verdict at once."""
     from te_fl_attention.probes.fused import cpp as fused_cpp
     from te_fl_attention.probes.fused import probe as fused_probe
     from te_fl_attention.probes.fused import rules as fused_rules
 
     probe = fused_probe.CudnnProbe()
     c, d = FusedAttnConfig(**preset("llama3-8b")), profile("h100")
-    assert probe.binding(c, d) == () and probe.binding(c, d) is probe.binding(c, d)
+    assert probe.binding(c, d) == () and probe.binding(c, d) == probe.binding(c, d)
+    assert set(c.__dict__) - {f.name for f in dataclasses.fields(c)} <= {"_key", "_hash"}
 
     def refuse_all(config, device):
         return fused_rules._r("test", "refused by a test rule", None, None)

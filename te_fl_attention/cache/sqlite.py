@@ -217,22 +217,20 @@ class ProbeCache(SQLiteFile, BaseCache):
         def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any, Any]]:
             # One statement per (config, device, stack): a selection reads all its candidates
             # at once. Several statements share one read transaction.
-            found = []
-            if len(groups) == 1:  # one statement: its own read transaction
+            def collect() -> list[tuple[CacheKey, Any, Any]]:
+                found = []
                 for (config_key, ctx), wanted in groups.items():
                     for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
                         k = wanted.get(backend)
                         if k is not None:
                             found.append((k, crc, data))
                 return found
+
+            if len(groups) == 1:  # one statement: its own read transaction
+                return collect()
             conn.execute("BEGIN")
             try:
-                for (config_key, ctx), wanted in groups.items():
-                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
-                        k = wanted.get(backend)
-                        if k is not None:
-                            found.append((k, crc, data))
-                return found
+                return collect()
             finally:
                 conn.execute("COMMIT")
 

@@ -108,14 +108,16 @@ class RuleProbe:
         a result of this candidate (probe again)."""
         if cached.backend != self.name:
             return None
-        return RuleProbe.probe(self, config, device) if self.rules(config, device) else cached
-
-    def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
-        return self._rule_result(config, device)
-
-    def _rule_result(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
         reasons = self.rules(config, device)
+        return self._rule_result(reasons, t0) if reasons else cached
+
+    def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
+        t0 = time.perf_counter()
+        return self._rule_result(self.rules(config, device), t0)
+
+    def _rule_result(self, reasons: list[Reason], t0: float) -> ProbeResult:
+        """The rule stage's result from its refusals (``t0``: when the rules started)."""
         return ProbeResult(
             backend=self.name,
             supported=not reasons,
