@@ -76,16 +76,16 @@ def captured(d: int, dtype: str, variant: str) -> dict[str, tuple[tuple, dict]]:
     def record(name, p, rows, batch_heads, args, consts, split=False):
         got[name] = (args, dict(consts))
 
-    saved = (tf._launch, tf._launch_delta, tf._interpreting)
+    saved = (tf._launch, tf._launch_delta, tf.interpreting)
     tf._launch, tf._launch_delta = record, lambda *a, **kw: None
-    tf._interpreting = lambda: True  # CPU tensors pass validation; constants fixed below
+    tf.interpreting = lambda: True  # CPU tensors pass validation; constants fixed below
     try:
         p = tf._plan(q, k, v, "bshd", None, None, None, None, None, None, mask, (-1, -1), None,
                      None)  # fmt: skip
         out, lse = tf._forward(q, k, v, p)
         tf._backward(q, k, v, out, lse, torch.empty_like(out), p)
     finally:
-        tf._launch, tf._launch_delta, tf._interpreting = saved
+        tf._launch, tf._launch_delta, tf.interpreting = saved
     for _, consts in got.values():
         consts.update(UPCAST=False, DOT_PREC=None, IDX64=False)
     return got

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 from te_fl_attention import FusedAttnConfig, Policy, Selector  # noqa: E402
 from te_fl_attention.cache import MemoryCache  # noqa: E402
-from te_fl_attention.measure import metric  # noqa: E402
+from te_fl_attention.decide import metric  # noqa: E402
 from te_fl_attention.presets import preset  # noqa: E402
 
 

@@ -381,11 +381,12 @@ def local_refusal(argv: list[str], chosen: str | None) -> str | None:
     if chosen is None:
         return None
     from te_fl_attention import cli
+    from te_fl_attention.cli.explain import build_config
     from te_fl_attention.probes import default_probes
     from te_fl_attention.selector import Selector
 
     args = cli.parser().parse_args(argv)
-    config = cli.build_config(args)
+    config = build_config(args)
     d = Selector(default_probes(graph=False)).decide(config, args.device)
     r = d.result(chosen)
     binding = [x for x in r.reasons if not x.code.startswith("cudnn_table.")

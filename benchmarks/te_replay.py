@@ -308,7 +308,7 @@ class Replay:
         import stub_tex
         import te_cpu
 
-        from te_fl_attention.plugin.selection import TEBackend
+        from te_fl_attention.plugin.te_backend import TEBackend
         from te_fl_attention.policy import ENV_VARS
         from te_fl_attention.probes import default_probes
         from te_fl_attention.selector import Selector

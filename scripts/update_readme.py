@@ -12,7 +12,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from te_fl_attention.matrix import markdown  # noqa: E402
+from te_fl_attention.cli.matrix import markdown  # noqa: E402
 
 START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
 

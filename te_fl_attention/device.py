@@ -89,21 +89,13 @@ class DeviceProfile:
         return {k: getattr(self, k) for k in VERSION_FIELDS}
 
     def fingerprint(self) -> str:
-        """sha256 of the hardware identity (name, sm, SM count, memory); cache-key part one."""
+        """sha256 of the hardware identity (name, sm, SM count, memory): a cache key part (the
+        versions part is :class:`te_fl_attention.cache.keys.KeySpace`'s)."""
         cached = self.__dict__.get("_fp")
         if cached is None:
             hw = {k: getattr(self, k) for k in ("name", "sm", "sm_count", "memory_gib")}
             cached = hashlib.sha256(json.dumps(hw, sort_keys=True).encode()).hexdigest()
             object.__setattr__(self, "_fp", cached)
-        return cached
-
-    def versions_key(self) -> str:
-        """sha256 of :meth:`versions`; cache-key part two (a library change is a miss)."""
-        cached = self.__dict__.get("_vk")
-        if cached is None:
-            payload = json.dumps(self.versions(), sort_keys=True).encode()
-            cached = hashlib.sha256(payload).hexdigest()
-            object.__setattr__(self, "_vk", cached)
         return cached
 
     def with_overrides(self, overrides: Mapping[str, str]) -> DeviceProfile:

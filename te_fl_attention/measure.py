@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import verify
+from . import backends, problems
+from .decide import metric
 from .kernels import run as runner
-from .reasons import DISPLAY_NAMES, ProbeResult, Reason
+from .reasons import ProbeResult, Reason
 
 if TYPE_CHECKING:
     from .config import FusedAttnConfig
@@ -47,16 +48,11 @@ INTERPRETER_MAX_SCORE_ELEMENTS = 2**14
 REPEATS = {"cuda": (3, 10), "cpu": (1, 5)}
 
 
-def metric(config: FusedAttnConfig) -> str:
-    """What is compared: ``fwd_bwd`` for training configs, ``fwd`` for inference."""
-    return "fwd_bwd" if config.is_training else "fwd"
-
-
 def timing_shape(config: FusedAttnConfig, cuda: bool | None = None
-                 ) -> tuple[verify.Shape, str | None]:  # fmt: skip
+                 ) -> tuple[problems.Shape, str | None]:  # fmt: skip
     """The shape timed here and, when it is not the real one, a sentence saying so."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    real = verify.real_shape(config)
+    real = problems.real_shape(config)
     if cuda or real.score_elements() <= CPU_MAX_SCORE_ELEMENTS:
         return real, None
     b, hkv, group = real.batch, real.num_gqa_groups, real.num_heads // real.num_gqa_groups
@@ -73,7 +69,7 @@ def timing_shape(config: FusedAttnConfig, cuda: bool | None = None
     if n() > cap:
         f = math.sqrt(cap / n())
         sq, skv = max(1, int(sq * f)), max(1, int(skv * f))
-    shape = verify.resize(real, batch=b, seqlen_q=sq, seqlen_kv=skv, kv_heads=hkv, group=group)
+    shape = problems.resize(real, batch=b, seqlen_q=sq, seqlen_kv=skv, kv_heads=hkv, group=group)
     note = (f"on CPU we time a shape scaled down to at most 2^{int(math.log2(cap))} score "
             f"elements (batch*heads*s_q*s_kv): {shape.text()} instead of {real.text()}")
     return shape, note
@@ -101,7 +97,7 @@ def _median_ms(fn: Callable[[], Any], warmup: int, repeats: int, cuda: bool) -> 
     return statistics.median(times)
 
 
-def time_backend(backend: str, problem: verify.Problem, *, training: bool,
+def time_backend(backend: str, problem: problems.Problem, *, training: bool,
                  warmup: int = 1, repeats: int = 5) -> dict[str, float]:  # fmt: skip
     """Median milliseconds of ``fwd`` and (``training``) ``fwd_bwd`` on ``problem``: the
     runner's preparation is done once per metric, outside the timed region; only the launch
@@ -134,7 +130,7 @@ def skipped(backend: str, why: str) -> ProbeResult:
 def not_measured(backend: str, code: str, why: str, **detail: Any) -> ProbeResult:
     """A candidate that cannot be timed here keeps its verdict and its rule-priority place:
     ``detail["not_measured"]`` is the reason (stage ``measure``), ``timing_note`` says it."""
-    name = DISPLAY_NAMES.get(backend, backend)
+    name = backends.display(backend)
     reason = Reason(code, f"{name} is not measured: {why}", "measure",
                     limit="a problem the runner can time here")  # fmt: skip
     text = f"not measured: {why}; it keeps its rule-priority place"
@@ -161,7 +157,7 @@ def check(backend: str, config: FusedAttnConfig, device: DeviceProfile
     warmup, repeats = REPEATS["cuda" if cuda else "cpu"]
     t0 = time.perf_counter()
     try:
-        problem = verify.build(config, shape, device=runner.tensor_device())
+        problem = problems.build(config, shape, device=runner.tensor_device())
         timings = time_backend(backend, problem, training=config.is_training, warmup=warmup,
                                repeats=repeats)  # fmt: skip
     except runner.Unsupported as exc:
@@ -169,10 +165,10 @@ def check(backend: str, config: FusedAttnConfig, device: DeviceProfile
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory on the real shape
         if cuda:  # gpu-only
             torch.cuda.empty_cache()
-        text = verify.describe_error(exc, 1000)
-        name = DISPLAY_NAMES.get(backend, backend)
+        text = problems.describe_error(exc, 1000)
+        name = backends.display(backend)
         why = Reason("measure.failed", f"{name} failed on the timed shape {shape.text()}: {text}",
-                     "measure", observed=verify.error_type(exc),
+                     "measure", observed=problems.error_type(exc),
                      limit="runs on the config's shape")  # fmt: skip
         return ProbeResult(backend, False, (why,), "measure", "timing run",
                            (time.perf_counter() - t0) * 1e3), True  # fmt: skip

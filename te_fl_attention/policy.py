@@ -13,46 +13,72 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import operator
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .reasons import (
-    BACKENDS,
-    FA4_PREFERS_FA3_CODE,
-    FLASH_FLAVOURS,
-    FP8_EMULATION_CODE,
-    ProbeResult,
-    Reason,
-)
+from . import backends
+from .reasons import FA4_PREFERS_FA3_CODE, FP8_EMULATION_CODE, ProbeResult, Reason
 from .switches import check_switches, nvte_emulate_fp8, nvte_int, switch
 
-#: Names accepted by ``force=``/``prefer()`` -> canonical candidate or flash flavour.
-ALIASES = {
-    "fused": "fused", "cudnn": "fused", "fusedattention": "fused",
-    "flash": "flash", "flashattention": "flash", "flash_attn": "flash",
-    "fa2": "fa2", "fa3": "fa3", "fa4": "fa4",
-    "flash_attn_2": "fa2", "flash_attn_3": "fa3", "flash_attn_4": "fa4",
-    "triton": "triton", "tritonflash": "triton", "tritonflashattention": "triton",
-    "unfused": "unfused", "unfuseddotproductattention": "unfused", "reference": "unfused",
-}  # fmt: skip
-
-#: Every variable a policy reads (os.environ.get, so torch.compile guards them).
-ENV_VARS = (
-    "NVTE_FLASH_ATTN", "NVTE_FLASH_ATTN_V2", "NVTE_FLASH_ATTN_V3", "NVTE_FLASH_ATTN_V4",
-    "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "NVTE_UnfusedDPA_Emulate_FP8", "TE_FL_ATTN_TRITON",
-    "TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER", "TE_FL_ATTN_VERIFY", "TE_FL_ATTN_MEASURE",
-)  # fmt: skip
+#: What a policy reads besides the backends' own switches (``backends.switch_vars()``).
+OTHER_VARS = ("NVTE_UnfusedDPA_Emulate_FP8", "TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER",
+              "TE_FL_ATTN_VERIFY", "TE_FL_ATTN_MEASURE")  # fmt: skip
 _FROM_ENV: dict[tuple, Policy] = {}
 _PREFER: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("prefer", default=())
+_ENV: dict[str, object] = {"version": None}
+
+
+def env_vars() -> tuple[str, ...]:
+    """Every variable a policy reads (with ``os.environ.get``, so torch.compile guards them): the
+    registered backends' switches, then :data:`OTHER_VARS`."""
+    if _ENV["version"] != backends.version():
+        names = (*backends.switch_vars(), *OTHER_VARS)
+        _ENV.update(version=backends.version(), names=names,
+                    bkeys=tuple(os.fsencode(k) for k in names))  # fmt: skip
+        _ENV["get"] = operator.itemgetter(*_ENV["bkeys"])  # type: ignore[misc]
+    return _ENV["names"]  # type: ignore[return-value]
+
+
+def __getattr__(name: str) -> object:
+    if name == "ENV_VARS":  # what the built-in backends and any registered since read
+        return env_vars()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_ENVIRON = os.environ
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if type(_ENV_DATA) is not dict:
+    _ENV_DATA = None
+
+
+def snapshot() -> tuple:
+    """The raw environment a policy is parsed from (every :func:`env_vars` value, ``None`` when
+    unset) and the active :func:`prefer` context: hashable, the key under which parsed policies
+    are kept. On POSIX CPython this reads ``os.environ``'s backing dict directly (10x cheaper
+    than ``os.environ.get``; one C call when every variable is set, as the plugin seeds them);
+    the values are then bytes, which :meth:`Policy.from_snapshot` decodes."""
+    names = env_vars()
+    if _ENV_DATA is not None and os.environ is _ENVIRON:
+        try:
+            return (_ENV["get"](_ENV_DATA), _PREFER.get())  # type: ignore[operator]
+        except KeyError:
+            return (tuple(map(_ENV_DATA.get, _ENV["bkeys"])), _PREFER.get())  # type: ignore
+    return (tuple(map(os.environ.get, names)), _PREFER.get())
 
 
 def canonical(name: str) -> str:
     """Canonical candidate/flavour name; unknown names raise (never silently ignored)."""
     key = name.strip().lower().replace("-", "_").replace(" ", "")
-    if key not in ALIASES:
-        raise ValueError(f"backend={name!r} is not known; allowed: {', '.join(sorted(ALIASES))}")
-    return ALIASES[key]
+    names = backends.aliases()
+    if key not in names:
+        raise ValueError(f"backend={name!r} is not known; allowed: {', '.join(sorted(names))}")
+    return names[key]
+
+
+def __dir__() -> list[str]:
+    return [*globals(), "ENV_VARS"]
 
 
 def _flag(environ: Mapping[str, str], var: str, default: str = "1") -> bool:
@@ -66,93 +92,111 @@ def _flag(environ: Mapping[str, str], var: str, default: str = "1") -> bool:
 
 
 def _candidate(name: str) -> str:
-    return "flash" if name in FLASH_FLAVOURS else name
+    return backends.parent().get(name, name)
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A snapshot of the user's wishes. Hashable: it is part of the selector's memo key."""
+    """A snapshot of the user's wishes. Hashable: it is part of the selector's memo key.
 
-    flash: bool = True
-    fa2: bool = True
-    fa3: bool = True
-    fa4: bool = True
-    fused: bool = True
-    unfused: bool = True
-    triton: bool = True
+    ``off``: the candidates and flavours switched off (``Policy(fused=False)``,
+    ``policy.fused`` and ``with_(fa3=False)`` read and write it by name, for every registered
+    backend and flavour)."""
+
+    off: frozenset[str] = frozenset()
     unfused_fp8_emulation: bool = False
     force: str | None = None
     prefer: tuple[str, ...] = ()
     verify: bool = False
     measure: bool = False
 
-    def __post_init__(self) -> None:
-        if self.force is not None:
-            object.__setattr__(self, "force", canonical(self.force))
-        object.__setattr__(self, "prefer", tuple(canonical(p) for p in self.prefer))
+    def __init__(self, off: Iterable[str] = (), unfused_fp8_emulation: bool = False,
+                 force: str | None = None, prefer: Iterable[str] = (), verify: bool = False,
+                 measure: bool = False, **units: bool) -> None:  # fmt: skip
+        known = backends.units()
+        bad = sorted(set(off) - set(known)) or sorted(set(units) - set(known))
+        if bad:
+            raise TypeError(f"Policy: {', '.join(bad)} is not a backend or flavour; known: "
+                            f"{', '.join(known)}")  # fmt: skip
+        disabled = set(off)
+        for name, on in units.items():
+            (disabled.discard if on else disabled.add)(name)
+        setattr_ = object.__setattr__
+        setattr_(self, "off", frozenset(disabled))
+        setattr_(self, "unfused_fp8_emulation", bool(unfused_fp8_emulation))
+        setattr_(self, "force", None if force is None else canonical(force))
+        setattr_(self, "prefer", tuple(canonical(p) for p in prefer))
+        setattr_(self, "verify", bool(verify))
+        setattr_(self, "measure", bool(measure))
+
+    def __getattr__(self, name: str) -> bool:
+        """``policy.fa3``: whether that candidate or flavour is on."""
+        if not name.startswith("_") and name in backends.units():
+            return name not in self.off
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Policy:
         """Read TE's switches (NVTE_FLASH_ATTN[_V2/_V3/_V4], NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN,
-        NVTE_UnfusedDPA_Emulate_FP8) and ours (TE_FL_ATTN_TRITON, TE_FL_ATTN_FORCE,
-        TE_FL_ATTN_PREFER, TE_FL_ATTN_VERIFY, TE_FL_ATTN_MEASURE), plus any active
-        :func:`prefer` context. Parsed policies are reused for identical raw values, so the
-        per-call cost is the env reads."""
-        env = os.environ if environ is None else environ
-        raw = (*(env.get(v) for v in ENV_VARS), _PREFER.get())
-        if not overrides:
-            hit = _FROM_ENV.get(raw)
-            if hit is not None:
-                return hit
-        values = {k: v for k, v in zip(ENV_VARS, raw[:-1], strict=True) if v is not None}
-        flash = _flag(values, "NVTE_FLASH_ATTN")
+        NVTE_UnfusedDPA_Emulate_FP8), ours (TE_FL_ATTN_TRITON, TE_FL_ATTN_FORCE,
+        TE_FL_ATTN_PREFER, TE_FL_ATTN_VERIFY, TE_FL_ATTN_MEASURE) and every registered
+        backend's switch, plus any active :func:`prefer` context. Parsed policies are reused
+        for identical raw values, so the per-call cost is the env reads."""
+        if environ is None:
+            snap = snapshot()
+        else:
+            snap = (tuple(map(environ.get, env_vars())), _PREFER.get())
+        policy = cls.from_snapshot(snap)
+        return policy.with_(**overrides) if overrides else policy
+
+    @classmethod
+    def from_snapshot(cls, snap: tuple) -> Policy:
+        """The policy a :func:`snapshot` describes (parsed once per distinct snapshot)."""
+        hit = _FROM_ENV.get(snap)
+        if hit is not None:
+            return hit
+        names = env_vars()
+        values = {k: os.fsdecode(v) if isinstance(v, bytes) else v
+                  for k, v in zip(names, snap[0], strict=True) if v is not None}  # fmt: skip
+        for var in backends.switch_vars():  # ours: every value checked, read or not
+            if not var.startswith("NVTE_"):
+                switch(var, values)
+        off = [u for u in backends.units()  # TE's: read in order, as TE reads them
+               if not all(_flag(values, v) for v in backends.switches(u))]
         prefer = tuple(p for p in values.get("TE_FL_ATTN_PREFER", "").split(",") if p.strip())
-        kw: dict[str, object] = dict(
-            flash=flash,
-            fa2=flash and _flag(values, "NVTE_FLASH_ATTN_V2"),
-            fa3=flash and _flag(values, "NVTE_FLASH_ATTN_V3"),
-            fa4=flash and _flag(values, "NVTE_FLASH_ATTN_V4"),
-            fused=_flag(values, "NVTE_FUSED_ATTN"),
-            unfused=_flag(values, "NVTE_UNFUSED_ATTN"),
-            triton=_flag(values, "TE_FL_ATTN_TRITON") and flash,
+        policy = cls(
+            off=off,
             unfused_fp8_emulation=_flag(values, "NVTE_UnfusedDPA_Emulate_FP8", "0"),
             force=values.get("TE_FL_ATTN_FORCE") or None,
-            prefer=raw[-1] + prefer,
+            prefer=snap[1] + prefer,
             verify=_flag(values, "TE_FL_ATTN_VERIFY", "0"),
             measure=_flag(values, "TE_FL_ATTN_MEASURE", "0"),
         )
-        kw.update(overrides)
-        policy = cls(**kw)  # type: ignore[arg-type]
-        if not overrides:
-            if len(_FROM_ENV) > 256:
-                _FROM_ENV.clear()
-            _FROM_ENV[raw] = policy
+        if len(_FROM_ENV) > 256:
+            _FROM_ENV.clear()
+        _FROM_ENV[snap] = policy
         return policy
 
     def with_(self, **changes: object) -> Policy:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
-        """The policy as a plain dict (computed once: the policy is frozen)."""
+        """The policy as a plain dict: each candidate and flavour on or off, then the rest
+        (computed once: the policy is frozen)."""
         cached = self.__dict__.get("_dict")
         if cached is None:
-            cached = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            cached = {u: u not in self.off for u in backends.units()}
+            cached.update(unfused_fp8_emulation=self.unfused_fp8_emulation, force=self.force,
+                          prefer=self.prefer, verify=self.verify, measure=self.measure)
             object.__setattr__(self, "_dict", cached)
         return dict(cached)
 
     # ------------------------------------------------------------------ filtering
     def _disabled(self, name: str) -> Reason | None:
-        if getattr(self, name):
+        if name not in self.off:
             return None
-        var = {
-            "flash": "NVTE_FLASH_ATTN=0",
-            "fa2": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V2=0",
-            "fa3": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V3=0",
-            "fa4": "NVTE_FLASH_ATTN=0 or NVTE_FLASH_ATTN_V4=0",
-            "fused": "NVTE_FUSED_ATTN=0",
-            "unfused": "NVTE_UNFUSED_ATTN=0",
-            "triton": "NVTE_FLASH_ATTN=0 or TE_FL_ATTN_TRITON=0",
-        }[name]
+        var = " or ".join(f"{v}=0" for v in backends.switches(name)) if name in \
+            backends.units() else "the policy"  # fmt: skip
         return Reason(f"policy.{name}_disabled", f"disabled by {var}", "policy",
                       observed="0", limit="1", hint=f"unset {var.split(' or ')[-1]}")  # fmt: skip
 
@@ -162,7 +206,7 @@ class Policy:
         codes = set()
         if self.unfused_fp8_emulation:
             codes.add(FP8_EMULATION_CODE)
-        if not self.fa3:
+        if "fa3" in self.off:
             codes.add(FA4_PREFERS_FA3_CODE)
         return frozenset(codes)
 
@@ -177,12 +221,13 @@ class Policy:
         """The result as this policy sees it: env-disabled candidates refused (stage policy)."""
         waived = self._waived()
         result = self._waive(result, waived)
-        if result.backend == "flash":
+        if result.variants:
             variants = []
             for v in result.variants:
                 v = self._waive(v, waived)
                 why = self._disabled(v.backend)
-                if why is None and self.force in FLASH_FLAVOURS and v.backend != self.force:
+                if why is None and _candidate(self.force or "") == result.backend != self.force \
+                        and v.backend != self.force:  # fmt: skip
                     why = Reason("policy.not_forced", f"force={self.force} excludes {v.backend}",
                                  "policy", observed=v.backend, limit=self.force)  # fmt: skip
                 variants.append(dataclasses.replace(v, supported=False, reasons=(why, *v.reasons))
@@ -216,8 +261,7 @@ class Policy:
         their own slots, fastest first; an untimed candidate keeps its slot (rules decide)."""
         if self.force is not None:
             return (_candidate(self.force),)
-        base = ["fused", "flash", "triton", "unfused"] if (sm or 0) >= 90 else \
-            ["flash", "triton", "fused", "unfused"]  # fmt: skip
+        base = backends.priority(sm)
         front = []
         for p in self.prefer:
             c = _candidate(p)
@@ -230,14 +274,15 @@ class Policy:
 
     def flavour(self, flash: ProbeResult, timings: Mapping[str, float] | None = None
                 ) -> str | None:  # fmt: skip
-        """Which supported flash-attn flavour runs: a forced/preferred one, else the fastest timed
-        one (measured mode), else FA4 > FA3 > FA2."""
-        wanted = [n for n in ((self.force,) if self.force else self.prefer)
-                  if n in FLASH_FLAVOURS]  # fmt: skip
+        """Which supported flavour of a multi-flavour candidate (flash-attn) runs: a
+        forced/preferred one, else the fastest timed one (measured mode), else the registry's
+        precedence (FA4 > FA3 > FA2)."""
+        order = backends.precedence(flash.backend)
+        wanted = [n for n in ((self.force,) if self.force else self.prefer) if n in order]
         ok = {v.backend for v in flash.variants if v.supported}
         fastest = sorted((n for n in ok if n in (timings or {})),
                          key=lambda n: timings[n])  # type: ignore[index]  # fmt: skip
-        for name in (*wanted, *fastest, "fa4", "fa3", "fa2"):
+        for name in (*wanted, *fastest, *order):
             if name in ok:
                 return name
         return None
@@ -254,7 +299,8 @@ def prefer(*names: str) -> Iterator[None]:
         _PREFER.reset(token)
 
 
-__all__ = ["Policy", "prefer", "canonical", "BACKENDS", "switch", "nvte_int", "check_switches"]
+__all__ = ["Policy", "prefer", "canonical", "env_vars", "snapshot", "switch", "nvte_int",
+           "check_switches"]  # fmt: skip
 
 
 def _unique(reasons: tuple[Reason, ...]) -> tuple[Reason, ...]:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import backends
+
 if TYPE_CHECKING:
     from .config import FusedAttnConfig
     from .device import DeviceProfile
@@ -18,19 +20,6 @@ if TYPE_CHECKING:
 #: environment problem, never stored or shared); everything after ``rule`` is evidence.
 STAGES = ("policy", "probe", "rule", "import", "graph_build", "compile", "run", "numerics",
           "measure")
-
-#: Candidate backends, in display order. Flash flavours are variants of ``flash``.
-BACKENDS = ("fused", "flash", "triton", "unfused")
-FLASH_FLAVOURS = ("fa2", "fa3", "fa4")
-DISPLAY_NAMES = {
-    "fused": "FusedAttention",
-    "flash": "FlashAttention",
-    "triton": "TritonFlashAttention",
-    "unfused": "UnfusedDotProductAttention",
-    "fa2": "FlashAttention 2",
-    "fa3": "FlashAttention 3",
-    "fa4": "FlashAttention 4",
-}
 
 #: Refusal codes the policy lifts (it reads them here, not from the probes): FA4's preference for
 #: an installed FA3 (TE only prefers an enabled FA3), and unfused FP8 when
@@ -165,7 +154,7 @@ class ProbeResult:
 
     @property
     def display_name(self) -> str:
-        return DISPLAY_NAMES.get(self.backend, self.backend)
+        return backends.display(self.backend)
 
     def chosen_variant(self) -> ProbeResult | None:
         """The flavour a supported multi-flavour candidate would run (``detail['variant']``)."""
@@ -230,6 +219,35 @@ class Decision:
         }
 
 
+def combine_variants(backend: str, variants: tuple[ProbeResult, ...], elapsed_ms: float = 0.0
+                     ) -> ProbeResult:  # fmt: skip
+    """A multi-flavour candidate's result from its flavours' (in precedence order): supported
+    when one is (``detail['variant']`` names the first, ``detail['version']`` its version);
+    otherwise every reason once (shared ones first, as each flavour lists them first)."""
+    chosen = next((v for v in variants if v.supported), None)
+    merged: list[Reason] = []
+    if chosen is None:
+        seen: set[tuple[str, str]] = set()
+        for v in variants:
+            for r in v.reasons:
+                if (r.code, r.message) not in seen:
+                    seen.add((r.code, r.message))
+                    merged.append(r)
+    return ProbeResult(
+        backend=backend,
+        supported=chosen is not None,
+        reasons=tuple(merged),
+        stage="rule",
+        evidence="rules",
+        elapsed_ms=elapsed_ms,
+        detail={
+            "variant": chosen.backend if chosen else None,
+            "version": chosen.detail.get("version") if chosen else None,
+        },
+        variants=variants,
+    )
+
+
 class NoBackendError(RuntimeError):
     """No candidate supports the config; the message lists every candidate's reasons."""
 
@@ -246,7 +264,7 @@ class NoBackendError(RuntimeError):
                     lines.append(f"  {r.display_name}: [{reason.stage}] {reason.message}")
                 shown = {(x.code, x.message) for x in r.reasons}
                 for v in r.variants:  # a flavour's own reasons (a forced FA3's "not installed")
-                    if force in FLASH_FLAVOURS and v.backend != force:
+                    if force in backends.parent() and v.backend != force:
                         continue
                     for reason in v.reasons:
                         if (reason.code, reason.message) not in shown:

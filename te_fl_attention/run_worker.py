@@ -3,14 +3,14 @@
 A kernel that faults (an illegal address, a device-side assert) reports it asynchronously, at the
 next synchronizing call, and a sticky fault leaves the CUDA context unusable: in-process, the
 fault would surface in the *next* candidate and poison the caller (TE's training process, when the
-plugin probes). So on a GPU :func:`te_fl_attention.verify.tiny_run` sends each run here:
+plugin probes). So on a GPU :func:`te_fl_attention.problems.tiny_run` sends each run here:
 
 * the worker is spawned lazily on the first run and reused (one CUDA context, warm imports), one
   per caller device: ``CUDA_VISIBLE_DEVICES`` is narrowed to the caller's current device
   (:func:`te_fl_attention.workers.worker_env`), and a caller that switched devices is served by
   that device's worker;
 * it answers JSON lines over pipes (``{"op": "tiny_run", "backend": ..., "config": {...}}``) with
-  :func:`~te_fl_attention.verify.tiny_run_here`, which synchronizes after the run, so a fault is
+  :func:`~te_fl_attention.problems.tiny_run_here`, which synchronizes after the run, so a fault is
   reported as the failure of the candidate that ran (stage ``run``); after a failed run the worker
   exits and the next run starts a fresh one (its context may be poisoned);
 * a run that kills the worker or runs past its timeout (the worker is then killed) becomes that
@@ -18,33 +18,26 @@ plugin probes). So on a GPU :func:`te_fl_attention.verify.tiny_run` sends each r
   the worker's stderr); the next run starts a new worker. A worker that cannot start at all is
   nobody's fault: the run is skipped with a note (the candidate keeps its earlier verdict).
 
-Process management (spawn, timeouts, respawn, device narrowing) is
-:class:`te_fl_attention.workers.JsonWorker`, shared with the cuDNN probe worker. The worker's GPU
+This module is the caller's side; the worker's loop is :mod:`te_fl_attention.run_worker_serve`
+(it imports :mod:`te_fl_attention.problems`, which imports this module). Process management
+(spawn, timeouts, respawn, device narrowing) is :class:`te_fl_attention.workers.JsonWorker`,
+shared with the cuDNN probe worker. The worker's GPU
 path never ran on a GPU (tested on CPU through ``tests/fakegpu``, whose ``sitecustomize`` presents
 a GPU in the worker).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .workers import (
-    START_TIMEOUT_S,
-    JsonWorker,
-    WorkerFailure,
-    WorkerPool,
-    current_device,
-    protocol_stdout,
-)
-from .workers import serve as serve_requests
+from .workers import START_TIMEOUT_S, JsonWorker, WorkerFailure, WorkerPool, current_device
 
 if TYPE_CHECKING:
     from .config import FusedAttnConfig
 
-MODULE = "te_fl_attention.run_worker"
+#: The worker's side (``python -m``): :mod:`te_fl_attention.run_worker_serve`.
+MODULE = "te_fl_attention.run_worker_serve"
 
 
 class RunFailure(RuntimeError):
@@ -72,7 +65,7 @@ class RunWorker(JsonWorker):
 
     def tiny_run(self, backend: str, config: FusedAttnConfig, timeout_s: float
                  ) -> tuple[str | None, Exception | None]:  # fmt: skip
-        """:func:`~te_fl_attention.verify.tiny_run_here` in the worker: ``(note, error)``."""
+        """:func:`~te_fl_attention.problems.tiny_run_here` in the worker: ``(note, error)``."""
         with self._lock:
             payload = {"op": "tiny_run", "backend": backend, "config": config.to_dict()}
             try:
@@ -103,45 +96,3 @@ def get_worker(device: int | None = None) -> RunWorker:
     """The process-wide tiny-run worker for this process's current CUDA device (or ``device``),
     created on first use, closed at exit."""
     return _POOL.get(current_device() if device is None else device)
-
-
-# ---------------------------------------------------------------------------------------- worker
-def _error_dict(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc)[:4000],
-            "modules": sorted({c.__module__ for c in type(exc).__mro__})}  # fmt: skip
-
-
-def serve(argv: Sequence[str] = ()) -> int:
-    """The worker's loop (``python -m te_fl_attention.run_worker [--setup MODULE]``)."""
-    out = protocol_stdout()  # whatever a kernel prints goes to stderr, never into a reply
-    args = list(argv)
-    if "--setup" in args:
-        import importlib
-
-        importlib.import_module(args[args.index("--setup") + 1])
-    import torch
-
-    from . import verify
-    from .config import FusedAttnConfig
-
-    hello: dict[str, Any] = {"pid": os.getpid(), "cuda": torch.cuda.is_available(),
-                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-
-    def handle(op: str, req: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        if op != "tiny_run":
-            return {"error": f"unknown op {op!r}"}, False
-        try:
-            config = FusedAttnConfig.from_dict(req["config"])
-            note, exc = verify.tiny_run_here(req["backend"], config)
-        except Exception as bad:  # noqa: BLE001 - a bad request: report, keep serving
-            note, exc = None, bad
-        # after a failed run on a GPU the context may be poisoned: reply, then leave
-        restart = exc is not None and torch.cuda.is_available()
-        result = {"note": note, "error": _error_dict(exc) if exc is not None else None}
-        return {"result": result, "restart": restart}, restart
-
-    return serve_requests(out, hello, handle)
-
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1:]))

@@ -11,59 +11,27 @@ that adds the stage, see :meth:`Selector.stage_env`), so probe rows are shared b
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import os
-import sys
 import threading
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from . import backends
 from .config import FusedAttnConfig
+from .decide import decide, units
 from .device import DeviceProfile, profile
 from .policy import Policy
 from .probes import Probe, default_probes
-from .reasons import Decision, NoBackendError, ProbeResult
+from .reasons import Decision, NoBackendError, ProbeResult, combine_variants
 
-
-class ResultCache(Protocol):
-    """The persistent tier (SQLite store, optionally a remote one behind it)."""
-
-    def get_many(self, keys: list[Any]) -> dict[Any, ProbeResult]: ...
-
-    def put_many(self, items: list[tuple]) -> int: ...
-
-
-#: Everything in the package whose change can change a verdict, relative to the package: the
-#: whole probes package (TE's rules, the support table, the graph builders, the cuDNN worker,
-#: the stub driver and its C source), the kernels the tiny runs execute, config normalization,
-#: the reason model, the verify stage, the run and cuDNN workers, the device descriptors.
-VERDICT_CODE = ("probes", "kernels", "descriptors", "config.py", "reasons.py", "verify.py",
-                "run_worker.py", "workers.py")  # fmt: skip
-
-
-@functools.lru_cache(maxsize=1)
-def verdict_code_digest() -> str:
-    """sha256 over the files of :data:`VERDICT_CODE` (names and bytes, sorted; read once per
-    process): an edit to any of them makes every cache key new, a miss rather than a stale hit."""
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in VERDICT_CODE:
-        path = root / name
-        files = (sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts
-                        and f.suffix not in (".pyc", ".so"))
-                 if path.is_dir() else [path])  # fmt: skip
-        for f in files:
-            digest.update(f.relative_to(root).as_posix().encode() + b"\0")
-            digest.update(f.read_bytes() + b"\0")
-    return digest.hexdigest()
+if TYPE_CHECKING:
+    from .cache.interface import Store
 
 
 class Selector:
     """Chooses a backend for a config on a device under a policy, and remembers the answer."""
 
-    def __init__(self, probes: Iterable[Probe] | None = None, cache: ResultCache | None = None,
+    def __init__(self, probes: Iterable[Probe] | None = None, cache: Store | None = None,
                  memo_size: int = 65536):  # fmt: skip
         self.probes: tuple[Probe, ...] = tuple(probes) if probes is not None else _default_probes()
         self.cache = cache
@@ -72,38 +40,30 @@ class Selector:
         self._memo_size = memo_size
         self._lock = threading.Lock()
         self.stats = {"memo_hits": 0, "cache_hits": 0, "probes": 0}
-        self._probe_env: dict[str, Any] | None = None
-        self._vkeys: dict[DeviceProfile, str] = {}
-        self._stage_vkeys: dict[tuple[DeviceProfile, str], str] = {}
+        self._keys: Any = None
         self._staged: dict[tuple, ProbeResult] = {}
+
+    @property
+    def keys(self) -> Any:
+        """The :class:`~.cache.keys.KeySpace` of this selector's probes (every key it reads
+        and writes rows under)."""
+        if self._keys is None:
+            from .cache.keys import KeySpace
+
+            self._keys = KeySpace(self.probes)
+        return self._keys
 
     @property
     def interpret(self) -> bool:
         """Whether this selector's Triton probe may use the Triton interpreter on CPU (and so
         whether verification and measurement may run the Triton kernel there)."""
-        return any(getattr(p, "interpret", False) for p in self.probes if p.name == "triton")
+        return any(getattr(p, "interpret", False) for p in self.probes)
 
     # ------------------------------------------------------------------ results
     def probe_env(self) -> dict[str, Any]:
-        """What this process's probes can run, folded into every cache key: a digest of every
-        source that can change a verdict (:func:`verdict_code_digest`) and of each probe's own
-        module and settings (whether graphs are built...), the installed cuDNN / cudnn-frontend.
-        A change in any of them is a miss, never a stale hit."""
-        if self._probe_env is None:
-            from .device import installed_versions
-
-            digest = hashlib.sha256(verdict_code_digest().encode())
-            for p in self.probes:
-                mod = sys.modules.get(type(p).__module__)
-                path = getattr(mod, "__file__", None)
-                if path and os.path.exists(path):  # a probe from outside the package too
-                    with open(path, "rb") as fh:
-                        digest.update(fh.read())
-                digest.update(repr(sorted(vars(p).items())).encode())
-            inst = installed_versions()
-            self._probe_env = {"rules": digest.hexdigest()[:32], "cudnn": inst["cudnn"],
-                               "cudnn_frontend": inst["cudnn_frontend"]}  # fmt: skip
-        return self._probe_env
+        """What this process's probes can run, folded into every cache key
+        (:meth:`.cache.keys.KeySpace.env`)."""
+        return self.keys.env()
 
     def prepare(self, device: DeviceProfile | str | None = None) -> None:
         """Start-up work, done once so the first selection is a lookup: resolve the device,
@@ -124,18 +84,12 @@ class Selector:
             warm_up = getattr(self.cache, "warm_up", None)
             if warm_up is not None:
                 warm_up()
-            else:  # a cache without it: at least open it
+            else:  # a store of the user's without it: at least open it
                 len(self.cache)
         Policy.from_env()
 
     def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
-        from .cache.keys import CacheKey, versions_key
-
-        vk = self._vkeys.get(device)
-        if vk is None:
-            vk = self._vkeys[device] = versions_key(device, probe_env=self.probe_env())
-        ck, fp = config.key(), device.fingerprint()
-        return {p.name: CacheKey(ck, p.name, fp, vk) for p in self.probes}
+        return self.keys.keys(config, device, [p.name for p in self.probes])
 
     def probe_all(self, config: FusedAttnConfig, device: DeviceProfile
                   ) -> tuple[tuple[ProbeResult, ...], str]:  # fmt: skip
@@ -189,46 +143,16 @@ class Selector:
             self.stats["memo_hits"] += 1
             return hit
         raw, source = self.probe_all(config, dev)
-        detail: dict[str, Any] = {}
-        if pol.verify and dev.source != "local":
-            detail["numerics_note"] = (f"{dev.name} is a what-if profile: nothing is verified "
-                                       "from this machine")  # fmt: skip
         for stage in ("verify", "measure"):
             if getattr(pol, stage) and dev.source == "local":
                 raw, fresh = self._stage(stage, config, dev, raw, pol)
                 source = "probe" if fresh else source
-        results = tuple([pol.filter(r) for r in raw])
-        by_name = {r.backend: r for r in results}
-        times = _timings(results, config) if pol.measure else {}
-        timed = _candidate_times(by_name, times, pol) if pol.measure else {}
-        order = pol.order(dev.sm, timed) if timed else _order(pol, dev.sm)
-        chosen = next((b for b in order if by_name[b].supported), None)
+        measured = None
         if pol.measure:
             from . import measure
 
-            detail["timings_ms"] = _timings(results, config, all_=True)
-            detail["measured"] = {**measure.describe(config, dev),
-                                  "priority_choice": next((b for b in pol.order(dev.sm)
-                                                           if by_name[b].supported), None),
-                                  "untimed": [b for b in order if by_name[b].supported
-                                              and b not in timed]}
-        if chosen == "flash":
-            detail["flash_variant"] = pol.flavour(by_name["flash"], times or None)
-        if chosen == "fused":
-            detail["fused_sub_backend"] = by_name["fused"].detail.get("sub_backend")
-        drift = {r.backend: r.detail["rule_drift"] for r in raw if r.detail.get("rule_drift")}
-        if drift:
-            detail["rule_drift"] = drift
-        decision = Decision(
-            config=config,
-            device=dev,
-            chosen=chosen,
-            results=results,
-            policy=pol.to_dict(),
-            source=source,
-            order=order,
-            detail=detail,
-        )
+            measured = measure.describe(config, dev)
+        decision = decide(config, dev, raw, pol, source=source, measured=measured)
         with self._lock:
             if len(self._memo) >= self._memo_size:
                 self._memo.clear()
@@ -262,52 +186,22 @@ class Selector:
             self._staged.clear()
 
     # ------------------------------------------------------------------ verification, measurement
-    def stage_env(self, stage: str) -> dict[str, Any]:
-        """What a ``verify``/``measure`` row depends on beyond the probe rows: the stage and a
-        digest of the code that produces it (runner, reference, Triton kernel, the stage's module
-        with its tolerances / caps). Folded into the rows' versions key."""
-        from . import kernels
-
-        digest = hashlib.sha256(stage.encode())
-        here = os.path.dirname(__file__)
-        kdir = os.path.dirname(kernels.__file__)
-        for path in (os.path.join(here, f"{stage}.py"), os.path.join(here, "verify.py"),
-                     *(os.path.join(kdir, f) for f in ("run.py", "reference.py",
-                                                       "triton_flash.py"))):  # fmt: skip
-            if os.path.exists(path):
-                with open(path, "rb") as fh:
-                    digest.update(fh.read())
-        return {"stage": stage, "code": digest.hexdigest()[:32]}
-
-    def _stage_key(self, device: DeviceProfile, stage: str) -> str:
-        from .cache.keys import versions_key
-
-        vk = self._stage_vkeys.get((device, stage))
-        if vk is None:
-            env = {**self.probe_env(), **self.stage_env(stage)}
-            vk = self._stage_vkeys[(device, stage)] = versions_key(device, probe_env=env)
-        return vk
-
     def _stage(self, stage: str, config: FusedAttnConfig, device: DeviceProfile,
                raw: tuple[ProbeResult, ...], pol: Policy) -> tuple[tuple[ProbeResult, ...], bool]:
         """Run ``stage`` (``verify`` or ``measure``) on every supported unit (candidate, or flash
         flavour) the policy leaves enabled and that can run here; memo, then the store, then the
         stage itself. Returns the updated raw results and whether anything ran."""
         from . import measure, verify
-        from .cache.keys import CacheKey
         from .kernels import run as runner
-        from .probes.flash.probe import combine
 
         mod = verify if stage == "verify" else measure
         wanted = set()
         for r in raw:
-            seen = pol.filter(r)
-            units = seen.variants if r.backend == "flash" else (seen,)
-            wanted |= {u.backend for u in units if u.supported}
+            wanted |= {u.backend for u in units(pol.filter(r)) if u.supported}
         own: dict[str, ProbeResult] = {}
         todo: list[str] = []
         for r in raw:
-            for u in (r.variants if r.backend == "flash" else (r,)):
+            for u in units(r):
                 if not u.supported or u.backend not in wanted:
                     continue
                 ok, why = runner.can_run_here(u.backend, config, device, interpret=self.interpret)
@@ -320,8 +214,7 @@ class Selector:
                     todo.append(u.backend)
         keys = {}
         if todo and self.cache is not None:
-            vk, ck, fp = self._stage_key(device, stage), config.key(), device.fingerprint()
-            keys = {n: CacheKey(ck, n, fp, vk) for n in todo}
+            keys = self.keys.keys(config, device, todo, stage)
             found = self.cache.get_many(list(keys.values()))
             for n in list(todo):
                 if keys[n] in found:
@@ -341,10 +234,11 @@ class Selector:
             self.cache.put_many(fresh)  # type: ignore[union-attr]
         out = []
         for r in raw:
-            if r.backend == "flash":
+            if r.variants:
                 variants = tuple(verify.merge(v, own[v.backend]) if v.backend in own else v
                                  for v in r.variants)  # fmt: skip
-                out.append(combine(variants, r.elapsed_ms) if variants != r.variants else r)
+                out.append(combine_variants(r.backend, variants, r.elapsed_ms)
+                           if variants != r.variants else r)
             else:
                 out.append(verify.merge(r, own[r.backend]) if r.backend in own else r)
         return tuple(out), bool(todo)
@@ -374,9 +268,9 @@ def narrow(probe: Probe, cached: ProbeResult, config: FusedAttnConfig, device: D
 def probe_error(backend: str, exc: BaseException) -> ProbeResult:
     """The refusal a candidate gets when its probe raises (code ``probe.error``, stage
     ``probe``): the selection goes on with the other candidates."""
-    from .reasons import DISPLAY_NAMES, Reason
+    from .reasons import Reason
 
-    name = DISPLAY_NAMES.get(backend, backend)
+    name = backends.display(backend)
     text = f"{type(exc).__name__}: {exc}"[:2000]
     why = Reason("probe.error", f"the {name} probe raised {text}", "probe",
                  observed=type(exc).__name__, limit="a probe that returns a verdict",
@@ -385,75 +279,46 @@ def probe_error(backend: str, exc: BaseException) -> ProbeResult:
     return ProbeResult(backend, False, (why,), "probe", "probe raised")
 
 
-_ORDERS: dict[tuple[Policy, int | None], tuple[str, ...]] = {}
-
-
-def _order(pol: Policy, sm: int | None) -> tuple[str, ...]:
-    """``pol.order(sm)`` (no timings), remembered per (policy, sm)."""
-    key = (pol, sm)
-    hit = _ORDERS.get(key)
-    if hit is None:
-        if len(_ORDERS) >= 1024:
-            _ORDERS.clear()
-        hit = _ORDERS[key] = pol.order(sm)
-    return hit
-
-
-def _timings(results: Iterable[ProbeResult], config: FusedAttnConfig, all_: bool = False
-             ) -> dict[str, Any]:  # fmt: skip
-    """Unit -> the measured metric in ms (``all_``: unit -> every timing) of supported units."""
-    from .measure import metric
-
-    m, out = metric(config), {}
-    for r in results:
-        for u in (r.variants if r.backend == "flash" else (r,)):
-            t = u.detail.get("timings_ms")
-            if u.supported and t and m in t:  # untimed units keep their rule-priority slot
-                out[u.backend] = t if all_ else t[m]
-    return out
-
-
-def _candidate_times(by_name: dict[str, ProbeResult], times: dict[str, float], pol: Policy
-                     ) -> dict[str, float]:  # fmt: skip
-    """Candidate -> ms; flash counts with the flavour the policy would run."""
-    out = {b: t for b, t in times.items() if b in by_name}
-    if "flash" in by_name and by_name["flash"].supported:
-        flavour = pol.flavour(by_name["flash"], times or None)
-        if flavour in times:
-            out["flash"] = times[flavour]
-    return out
-
-
 def _default_probes(graph: bool = True) -> tuple[Probe, ...]:
-    """:func:`default_probes`, with the Triton probe allowed to use the Triton interpreter when
-    ``TRITON_INTERPRET`` is set (read here: probes read no environment)."""
-    from .probes.triton import TritonFlashProbe
+    """:func:`default_probes`, with the probes that can use the Triton interpreter allowed to
+    when ``TRITON_INTERPRET`` is set (read here: probes read no environment)."""
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return default_probes(graph=graph, interpret=interpret)
 
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return default_probes(graph=graph)
-    return tuple(TritonFlashProbe(interpret=True) if p.name == "triton" else p
-                 for p in default_probes(graph=graph))  # fmt: skip
+
+def default_key_space() -> Any:
+    """The :class:`~.cache.keys.KeySpace` of the probes the process-wide selector would use (for
+    showing keys without opening the cache)."""
+    from .cache.keys import KeySpace
+
+    if _DEFAULT is not None and _DEFAULT_FOR == backends.version():
+        return _DEFAULT.keys
+    return KeySpace(_default_probes(graph=os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"))
 
 
 _DEFAULT: Selector | None = None
+_DEFAULT_FOR = -1  # the registry version it was built for
 
 
 def default_selector() -> Selector:
-    """The process-wide selector (created on first use). ``TE_FL_ATTN_CUDNN_PROBE=0`` keeps
-    FusedAttention at its rule stage (no cuDNN graph builds); ``TRITON_INTERPRET=1`` lets the
-    Triton candidate run in the interpreter on a machine without a GPU. It also makes the probe
-    cache the store of our Triton kernel's tuned tiles (:func:`.cache.tuning.install`), so a warm
-    job never autotunes."""
-    global _DEFAULT
-    if _DEFAULT is None:
+    """The process-wide selector (created on first use, and again with the same cache when a
+    backend is registered or removed). ``TE_FL_ATTN_CUDNN_PROBE=0`` keeps FusedAttention at its
+    rule stage (no cuDNN graph builds); ``TRITON_INTERPRET=1`` lets the Triton candidate run in
+    the interpreter on a machine without a GPU. It also makes the probe cache the store of our
+    Triton kernel's tuned tiles (:func:`.cache.tuning.install`), so a warm job never autotunes."""
+    global _DEFAULT, _DEFAULT_FOR
+    sel = _DEFAULT
+    if sel is None or _DEFAULT_FOR != backends.version():
         from .cache import tuning
         from .cache.tiered import default_cache
 
         graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
-        cache = default_cache()
-        tuning.install(cache)
-        _DEFAULT = Selector(_default_probes(graph=graph), cache=cache)
-    return _DEFAULT
+        cache = sel.cache if sel is not None else default_cache()
+        if sel is None:
+            tuning.install(cache)
+        sel = Selector(_default_probes(graph=graph), cache=cache)
+        _DEFAULT, _DEFAULT_FOR = sel, backends.version()
+    return sel
 
 
 def select(config: FusedAttnConfig, device: DeviceProfile | str | None = None,

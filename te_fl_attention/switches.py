@@ -1,4 +1,4 @@
-"""Environment switches, parsed in one place (no imports beyond ``os``: any module can use it).
+"""Environment switches, parsed in one place (imports only ``os`` and the backend registry).
 
 * Our own ``TE_FL_ATTN_*`` on/off switches accept exactly the ASCII strings ``"0"`` and ``"1"``;
   anything else (``"2"``, ``"-1"``, ``"1 "``, ``"false"``, ``""``, the Arabic-Indic ``"١"``) is a
@@ -48,14 +48,15 @@ def switch(var: str, environ: Mapping[str, str] | None = None) -> bool:
     anything else raises ``ValueError``."""
     env = os.environ if environ is None else environ
     raw = env.get(var)
+    default = SWITCHES.get(var, "1")  # a registered backend's own switch: on unless 0
     if raw is None:
-        raw = SWITCHES[var]
+        raw = default
     if raw == "1":
         return True
     if raw == "0":
         return False
     raise ValueError(f"{var}={_shown(raw)} is not valid: expected exactly 0 or 1 (ASCII, no "
-                     f"spaces); unset means {SWITCHES[var]}")  # fmt: skip
+                     f"spaces); unset means {default}")  # fmt: skip
 
 
 def nvte_int(var: str, environ: Mapping[str, str] | None = None,
@@ -83,8 +84,11 @@ def nvte_emulate_fp8(environ: Mapping[str, str] | None = None) -> bool:
 def check_switches(environ: Mapping[str, str] | None = None) -> None:
     """Raise ``ValueError`` for the first of our switches that is set to anything but 0/1 (the
     CLI calls this first, so a bad value is exit 2 whichever module reads it)."""
+    from . import backends
+
     env = os.environ if environ is None else environ
-    for var in SWITCHES:
+    ours = (*SWITCHES, *(v for v in backends.switch_vars() if not v.startswith("NVTE_")))
+    for var in dict.fromkeys(ours):
         if var in env:
             switch(var, env)
 

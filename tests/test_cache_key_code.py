@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 import te_fl_attention
-from te_fl_attention.selector import VERDICT_CODE
+from te_fl_attention.cache.keys import VERDICT_CODE
 
 PACKAGE = Path(te_fl_attention.__file__).resolve().parent
 
 #: One module per room that decides (the probe modules themselves were covered before).
 EDITED = ("probes/fused/graph.py", "probes/fused/worker.py", "probes/fused/stubcuda.py",
-          "probes/fused/stubcuda.c", "probes/common.py", "kernels/triton_flash.py", "config.py",
-          "workers.py", "descriptors/h100.json")  # fmt: skip
+          "probes/fused/stubcuda.c", "probes/common.py", "kernels/triton_flash.py",
+          "kernels/flash_kernels.py", "config.py", "config_te.py", "backends.py", "problems.py",
+          "workers.py",
+          "descriptors/h100.json")  # fmt: skip
 
 SCRIPT = """
 import sys

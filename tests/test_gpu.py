@@ -75,16 +75,16 @@ def test_triton_kernel_matches_the_reference_on_the_gpu(case, dtype):
 def test_a_faulting_tiny_run_is_its_own_failure_and_the_caller_survives():
     import os
 
-    from te_fl_attention import verify
+    from te_fl_attention import problems
     from te_fl_attention.run_worker import RunWorker
     from te_fl_attention.workers import current_device
 
     env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
     small = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16)
     with RunWorker(env=env, setup="gpu_faults", device=current_device()) as w:
-        note, exc = verify.tiny_run("triton", small, worker=w)
+        note, exc = problems.tiny_run("triton", small, worker=w)
         assert exc is not None and "illegal" in str(exc).lower(), (note, exc)
-        assert verify.tiny_run("unfused", small, worker=w) == (None, None)  # a fresh worker
+        assert problems.tiny_run("unfused", small, worker=w) == (None, None)  # a fresh worker
     x = torch.ones(1024, device="cuda")
     assert float((x * 2).sum()) == 2048.0  # this process's context is untouched
     torch.cuda.synchronize()

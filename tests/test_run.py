@@ -407,13 +407,13 @@ def test_can_run_here_on_a_gpu(fake_gpu, fake_flash):
 
 
 def test_nothing_runs_while_a_cuda_graph_is_captured(fake_gpu):
-    from te_fl_attention import verify
+    from te_fl_attention import problems
 
     fake_gpu.capturing = True
     assert runner.busy() == "a CUDA graph is being captured"
     ok, why = runner.can_run_here("unfused", FusedAttnConfig(), profile("local"))
     assert not ok and "captured" in why
-    note, exc = verify.tiny_run("unfused", FusedAttnConfig())
+    note, exc = problems.tiny_run("unfused", FusedAttnConfig())
     assert exc is None and note == "tiny run skipped: a CUDA graph is being captured"
     fake_gpu.capturing = False
     assert runner.busy() is None

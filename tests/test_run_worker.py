@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from te_fl_attention import verify
+from te_fl_attention import problems
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
 from te_fl_attention.presets import preset
@@ -64,17 +64,17 @@ def test_a_worker_that_dies_or_hangs_is_reported_and_replaced(fake_gpu, worker_f
     env = fake_gpu.child_env()
     env["PYTHONPATH"] = TESTS + ":" + env["PYTHONPATH"]
     w = worker_factory(env, setup="run_worker_helpers")
-    note, exc = verify.tiny_run("fa2", SMALL, worker=w)  # its kernel calls os._exit(3)
+    note, exc = problems.tiny_run("fa2", SMALL, worker=w)  # its kernel calls os._exit(3)
     assert note is None and isinstance(exc, RunFailure) and exc.type_name == "WorkerDied"
     assert "exited with status 3 during the run" in str(exc) and "tiny run of fa2" in str(exc)
-    assert verify.describe_error(exc).startswith("WorkerDied: the tiny-run worker (pid ")
-    assert verify.tiny_run("unfused", SMALL, worker=w) == (None, None)  # a new worker
+    assert problems.describe_error(exc).startswith("WorkerDied: the tiny-run worker (pid ")
+    assert problems.tiny_run("unfused", SMALL, worker=w) == (None, None)  # a new worker
     assert w.starts == 2 and w.pid is not None
-    note, exc = verify.tiny_run("triton", SMALL, worker=w, timeout_s=1.0)  # hangs
+    note, exc = problems.tiny_run("triton", SMALL, worker=w, timeout_s=1.0)  # hangs
     assert isinstance(exc, RunFailure) and exc.type_name == "WorkerTimeout"
     assert "timed out after 1 s and was killed" in str(exc) and w.pid is None
-    assert verify.tiny_run("unfused", SMALL, worker=w) == (None, None) and w.starts == 3
-    note, exc = verify.tiny_run("fused", SMALL.replace(dtype="fp32"), worker=w)  # a note only
+    assert problems.tiny_run("unfused", SMALL, worker=w) == (None, None) and w.starts == 3
+    note, exc = problems.tiny_run("fused", SMALL.replace(dtype="fp32"), worker=w)  # a note only
     assert exc is None and note.startswith("tiny run skipped: fused (torch SDPA's cuDNN backend)")
     assert "fp16/bf16" in note and w.starts == 3 and w.pid is not None  # it keeps serving
 
@@ -111,12 +111,12 @@ def test_cpu_tiny_runs_stay_in_process(monkeypatch):
 
     monkeypatch.setattr(run_worker, "get_worker",
                         lambda device=None: pytest.fail("spawned a worker"))  # fmt: skip
-    assert verify.tiny_run("unfused", SMALL) == (None, None)
+    assert problems.tiny_run("unfused", SMALL) == (None, None)
 
 
 def test_a_worker_that_cannot_start_is_a_note_not_a_refusal(fake_gpu, worker_factory):
     w = worker_factory(fake_gpu.child_env(), setup="no_such_module_for_the_worker")
-    note, exc = verify.tiny_run("unfused", SMALL, worker=w)
+    note, exc = problems.tiny_run("unfused", SMALL, worker=w)
     assert exc is None and note.startswith("tiny run not run: the tiny-run worker exited with "
                                            "status 1 while starting; stderr: ")
     assert "No module named 'no_such_module_for_the_worker'" in note and w.pid is None

@@ -130,10 +130,10 @@ class _Raises:
 
 def test_a_probe_that_raises_is_that_candidates_refusal():
     from te_fl_attention.cache import MemoryCache
+    from te_fl_attention.cli.render import render, summary
     from te_fl_attention.probes.flash.probe import FlashAttnProbe
     from te_fl_attention.probes.triton import TritonFlashProbe
     from te_fl_attention.probes.unfused import UnfusedProbe
-    from te_fl_attention.render import render, summary
 
     cache = MemoryCache()
     sel = Selector((_Raises(), FlashAttnProbe(), TritonFlashProbe(), UnfusedProbe()), cache=cache)

@@ -212,12 +212,12 @@ def test_an_imported_poisoned_row_cannot_widen_explain_or_select(tmp_path, monke
 def test_recorded_fleet_results_are_held_to_the_local_rules():
     """fleet replays results recorded elsewhere (the cache, another rank) through the same
     boundary: a recording claiming fused for fp32 on h100 does not make fused the choice."""
-    from te_fl_attention.fleet import _Replay
+    from te_fl_attention.fleet import replay
 
     sel = Selector(default_probes(graph=False))
     real = sel.decide(FP32, "h100", Policy())
     recorded = [_claims_supported(r) for r in real.results]
-    d = _Replay(sel.probes).decide(FP32, profile("h100"), recorded, Policy())
+    d = replay(FP32, profile("h100"), recorded, sel.probes, Policy())
     assert d.chosen == "triton" and not d.result("fused").supported
     assert d.result("fused").reasons[0].code == "fused.dtype"
 

@@ -13,8 +13,9 @@ import time
 import pytest
 import torch
 
-from te_fl_attention import FusedAttnConfig, Policy, Selector, measure, render, verify
+from te_fl_attention import FusedAttnConfig, Policy, Selector, measure, problems, verify
 from te_fl_attention.cache import MemoryCache
+from te_fl_attention.cli import render
 from te_fl_attention.device import profile
 from te_fl_attention.kernels import reference
 from te_fl_attention.kernels import run as runner
@@ -140,10 +141,10 @@ def test_small_shape_keeps_the_kinds():
     c = FusedAttnConfig(batch_size=8, max_seqlen_q=1, max_seqlen_kv=4096, num_heads=64,
                         num_gqa_groups=1, window_size=(1024, 0),
                         attn_mask_type="causal_bottom_right")
-    s = verify.small_shape(c)
+    s = problems.small_shape(c)
     assert (s.batch, s.seqlen_q, s.seqlen_kv, s.num_heads, s.num_gqa_groups) == (2, 1, 32, 2, 1)
     assert s.window_size == (8, 0)  # a quarter of the keys, as in the real config
-    s = verify.small_shape(FusedAttnConfig(max_seqlen_q=4000, max_seqlen_kv=4096))
+    s = problems.small_shape(FusedAttnConfig(max_seqlen_q=4000, max_seqlen_kv=4096))
     assert s.seqlen_q != s.seqlen_kv  # cross-attention stays cross-attention
 
 
@@ -226,11 +227,11 @@ def test_force_and_prefer_beat_timings(monkeypatch):
 def test_cpu_timing_shape_is_capped_and_said():
     c = FusedAttnConfig(**preset("llama3-70b"))
     shape, note = measure.timing_shape(c, cuda=False)
-    assert shape.score_elements() <= measure.CPU_MAX_SCORE_ELEMENTS < verify.real_shape(c)\
+    assert shape.score_elements() <= measure.CPU_MAX_SCORE_ELEMENTS < problems.real_shape(c)\
         .score_elements()  # fmt: skip
     assert shape.num_heads // shape.num_gqa_groups >= 2  # still GQA
     assert "2^22 score elements" in note
-    assert measure.timing_shape(c, cuda=True) == (verify.real_shape(c), None)
+    assert measure.timing_shape(c, cuda=True) == (problems.real_shape(c), None)
 
 
 @needs_interpreter
@@ -366,7 +367,7 @@ def test_only_the_flash_launch_is_timed(fake_gpu, fake_flash):
     none of that runs between the CUDA events, only the launches (and their backward)."""
     config = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16, dtype="bf16",
                              attn_mask_type="padding")  # fmt: skip
-    problem = verify.build(config, verify.real_shape(config))
+    problem = problems.build(config, problems.real_shape(config))
     log = fake_flash
     with pytest.MonkeyPatch.context() as mp:
         _log_preparation(mp, log)
@@ -394,7 +395,7 @@ def test_only_the_sdpa_launch_is_timed(fake_gpu, monkeypatch):
     _log_preparation(monkeypatch, log, bias=True)
     config = FUSED_CFG.replace(attn_mask_type="causal_bottom_right", max_seqlen_kv=24,
                                is_training=False)  # fmt: skip
-    problem = verify.build(config, verify.real_shape(config))
+    problem = problems.build(config, problems.real_shape(config))
     measure.time_backend("fused", problem, training=False, warmup=3, repeats=10)
     assert [e[0] for e in log].count("sdpa") == 13
     assert [e for e in log if e == ("prep", "masked_fill")] == [("prep", "masked_fill")]
@@ -408,14 +409,14 @@ def test_an_asynchronous_fault_is_the_candidate_that_ran(fake_gpu, fake_flash, m
     reported by the tiny run of that kernel, not by the next candidate's."""
     from fakegpu import ILLEGAL_ADDRESS
 
-    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)
+    monkeypatch.setattr(problems, "ISOLATE_GPU_RUNS", False)
     config = FusedAttnConfig(max_seqlen_q=16, num_heads=2, head_dim_qk=16)
     fake_gpu.pending_fault = ILLEGAL_ADDRESS  # armed by FA2's kernel
     fa2 = FlashAttnProbe().probe(config, profile("local")).variants[2]
     assert fa2.backend == "fa2" and not fa2.supported and fa2.stage == "run"
     assert fa2.reasons[0].code == "fa2.run_failed" and ILLEGAL_ADDRESS in fa2.reasons[0].message
     assert fake_gpu.synchronize_calls == 1 and fake_flash  # FA2 ran, then the run synchronized
-    assert verify.tiny_run("unfused", config) == (None, None)  # the next candidate is clean
+    assert problems.tiny_run("unfused", config) == (None, None)  # the next candidate is clean
     assert fake_gpu.synchronize_calls == 2
 
 

@@ -55,7 +55,7 @@ def compare(limit: int | None = None) -> dict[str, Any]:
     from te_cpu import attention_params
 
     from te_fl_attention.cache import MemoryCache
-    from te_fl_attention.plugin.selection import TEBackend
+    from te_fl_attention.plugin.te_backend import TEBackend
     from te_fl_attention.probes import default_probes
     from te_fl_attention.selector import Selector
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..reasons import ProbeResult
-from .keys import CacheKey, is_hex64
+from .keys import CacheKey, is_hex64, known_backends
 from .rows import MAX_ROW, CacheRow, validate_context, validate_flat, validate_result
 
 log = logging.getLogger("te_fl_attention.cache")
@@ -229,10 +229,8 @@ class RedisTier:
             fp, _, vk = (f.decode() if isinstance(f, bytes) else str(f)).partition(":")
             if is_hex64(fp) and is_hex64(vk):
                 pairs.append((fp, vk))
-        from ..reasons import BACKENDS, FLASH_FLAVOURS
-
         keys = [CacheKey(config_key, b, fp, vk) for fp, vk in pairs
-                for b in (*BACKENDS, *FLASH_FLAVOURS)]  # fmt: skip
+                for b in known_backends()]  # fmt: skip
         hits = self.get_many(keys)
         metas = self.contexts(pairs)
         config = self.config_json([config_key]).get(config_key)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..reasons import ProbeResult
 from . import _json
-from .keys import KNOWN_BACKENDS, CacheKey, is_hex64, package_version
+from .keys import CacheKey, is_hex64, known_backends, package_version
 
 if TYPE_CHECKING:
     from ..config import FusedAttnConfig
@@ -205,7 +205,6 @@ _RESULT_FIELDS = frozenset({
 _REASON_FIELDS = frozenset({"code", "message", "stage", "observed", "limit", "hint"})
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_TYPES = frozenset(_SCALARS)
-_KNOWN = frozenset(KNOWN_BACKENDS)
 _HEX = "0123456789abcdef"
 
 #: Characters a stored string may not hold: C0 controls but tab and newline, DEL, C1 controls
@@ -321,8 +320,9 @@ def _result_problem(res: Any, where: str = "result", depth: int = 2) -> str | No
         unknown = sorted(map(str, res.keys() - _RESULT_FIELDS))
         return f"{where} has unknown field(s): {', '.join(unknown)}"
     backend = res.get("backend")
-    if backend not in KNOWN_BACKENDS:
-        return f"{where}.backend {str(backend)[:40]!r} is not one of {', '.join(KNOWN_BACKENDS)}"
+    if backend not in known_backends():
+        return (f"{where}.backend {str(backend)[:40]!r} is not one of "
+                f"{', '.join(known_backends())}")
     if type(res.get("supported")) is not bool:
         return f"{where}.supported must be true or false"
     if type(res.get("stage", "")) is not str or type(res.get("evidence", "")) is not str:
@@ -435,7 +435,7 @@ def _row_ok(obj: Any) -> bool:
         return False
     backend, result = obj["backend"], obj["result"]
     if not (_hex64(obj["config_key"]) and _hex64(obj["device_fp"]) and _hex64(obj["versions_key"])
-            and type(backend) is str and backend in _KNOWN and _result_ok(result, 2)
+            and type(backend) is str and backend in known_backends() and _result_ok(result, 2)
             and result["backend"] == backend):  # fmt: skip
         return False
     config, device = obj.get("config"), obj.get("device")
@@ -456,7 +456,7 @@ def _result_ok(res: Any, depth: int) -> bool:
     if type(res) is not dict or not res.keys() <= _RESULT_FIELDS:
         return False
     backend = res.get("backend")
-    if type(backend) is not str or backend not in _KNOWN:
+    if type(backend) is not str or backend not in known_backends():
         return False
     if type(res.get("supported")) is not bool:
         return False
@@ -531,8 +531,8 @@ def _row_problem(obj: Any, raw_size: int | None) -> CacheRow | str:
     ck, backend, fp, vk = obj["config_key"], obj["backend"], obj["device_fp"], obj["versions_key"]
     if not (is_hex64(ck) and is_hex64(fp) and is_hex64(vk)):
         return "config_key, device_fp and versions_key must be 64 lowercase hex characters"
-    if backend not in KNOWN_BACKENDS:
-        return f"backend {str(backend)[:40]!r} is not one of {', '.join(KNOWN_BACKENDS)}"
+    if backend not in known_backends():
+        return f"backend {str(backend)[:40]!r} is not one of {', '.join(known_backends())}"
     result = obj["result"]
     problem = _result_problem(result)
     if problem:

@@ -26,8 +26,9 @@ log = logging.getLogger("te_fl_attention.cache")
 class TieredCache:
     """The local store first, then Redis: read through, write back to both.
 
-    Has the local store's API (``get``/``get_many``/``put``/``put_many``; every other attribute
-    is the local store's); ``remote`` is the :class:`RedisTier`.
+    Reads and writes (:class:`~.interface.Store`) go to both tiers; the admin interface
+    (:class:`~.interface.AdminStore`: stats, prune, clear, rows) is the local store's, named here
+    one by one; ``remote`` is the :class:`RedisTier`.
     """
 
     def __init__(self, local: ProbeCache | MemoryCache, remote: RedisTier) -> None:
@@ -37,10 +38,33 @@ class TieredCache:
     def __repr__(self) -> str:
         return f"TieredCache({self.local!r}, {self.remote!r})"
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("local", "remote"):
-            raise AttributeError(name)
-        return getattr(self.local, name)
+    # ------------------------------------------------------------------ the local store's
+    @property
+    def path(self) -> Any:
+        return getattr(self.local, "path", None)
+
+    @property
+    def mode(self) -> str:
+        return getattr(self.local, "mode", "memory")
+
+    def warm_up(self) -> None:
+        self.local.warm_up()
+
+    def get_rows(self, keys: Iterable[CacheKey]) -> dict[CacheKey, CacheRow]:
+        return self.local.get_rows(keys)
+
+    def recent(self, limit: int, *, backend: str | None = None) -> list[CacheRow]:
+        return self.local.recent(limit, backend=backend)
+
+    def stats(self) -> dict[str, Any]:
+        return self.local.stats()
+
+    def prune(self, older_than_s: float | None = None,
+              not_versions_key: str | Iterable[str] | None = None) -> int:  # fmt: skip
+        return self.local.prune(older_than_s, not_versions_key)
+
+    def clear(self) -> int:
+        return self.local.clear()
 
     def __len__(self) -> int:
         return len(self.local)

@@ -54,7 +54,7 @@ def default_alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def _bottom_right(attn_mask_type: str, bottom_right_diagonal: bool | None) -> bool:
+def is_bottom_right(attn_mask_type: str, bottom_right_diagonal: bool | None) -> bool:
     top_left = attn_mask_type in ("causal", "padding_causal")
     if bottom_right_diagonal is None:
         return not top_left
@@ -100,7 +100,7 @@ def build_mask(
     left, right = _check_window(window_size)
     if "causal" in attn_mask_type:
         right = 0
-    bottom_right = _bottom_right(attn_mask_type, bottom_right_diagonal)
+    bottom_right = is_bottom_right(attn_mask_type, bottom_right_diagonal)
     i = torch.arange(sq, device=device).view(1, 1, sq, 1)
     j = torch.arange(skv, device=device).view(1, 1, 1, skv)
     lq = torch.tensor(sq, device=device) if seqlens_q is None else seqlens_q.to(device).long()
@@ -272,7 +272,7 @@ def attention(
         q, k, v, qkv_format, attn_mask_type, bias_type, softmax_type, dropout_p, softmax_scale
     )
     _check_window(window_size)
-    bottom_right = _bottom_right(attn_mask_type, bottom_right_diagonal)
+    bottom_right = is_bottom_right(attn_mask_type, bottom_right_diagonal)
     thd = qkv_format == "thd"
     if attn_mask_type == "arbitrary":
         if attention_mask is None or thd:

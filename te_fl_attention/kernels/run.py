@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import backends
 from . import reference
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ __all__ = ["run", "prepare", "Launch", "can_run_here", "RUNNERS", "Unsupported",
            "cudnn_sdpa_refusal"]  # fmt: skip
 
 KERNEL = "te_fl_attention.kernels.triton_flash"
+KERNEL_JIT = "te_fl_attention.kernels.flash_kernels"
 
 #: Every feature keyword and its default ("not used").
 FEATURES: dict[str, Any] = {
@@ -71,7 +73,6 @@ FLASH_MODULES = {
     "fa3": ("flash-attn-3", "flash_attn_interface"),
     "fa4": ("flash-attn-4", "flash_attn.cute.interface"),
 }
-_ALIASES = {"reference": "unfused"}
 _LAYOUT = {"qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded",
            "cu_seqlens_kv_padded", "attn_mask_type", "window_size", "bottom_right_diagonal",
            "softmax_scale", "return_lse", *HINTS}  # fmt: skip
@@ -176,13 +177,13 @@ def _require(backend: str, f: Features, allowed: set[str], masks: tuple[str, ...
 
 # ------------------------------------------------------------------------------ reference, Triton
 @_preparer
-def _unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
+def run_unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """The reference (the oracle itself): every feature."""
     return Launch(reference.attention, (q, k, v), {n: x for n, x in f.items() if n not in HINTS})
 
 
 @_preparer
-def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
+def run_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """Our Triton kernel: masks, windows, GQA, thd; no bias, dropout or softmax variants."""
     tf = importlib.import_module(KERNEL)
     _require("triton", f, _LAYOUT, tuple(tf.SUPPORTED["attn_mask_types"]))
@@ -260,7 +261,7 @@ def _flash(flavour: str) -> Runner:
         causal = "causal" in mask
         left, right = f["window_size"]
         right = 0 if causal else right
-        bottom_right = reference._bottom_right(mask, f["bottom_right_diagonal"])
+        bottom_right = reference.is_bottom_right(mask, f["bottom_right_diagonal"])
         lq = gq[1] if gq else torch.tensor([q.shape[1]])
         lk = gk[1] if gk else torch.tensor([k.shape[1]])
         aligned = causal or left >= 0 or right >= 0 or f["bias_type"] == "alibi"
@@ -351,10 +352,10 @@ def _pack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features, gq: An
 
 
 @_preparer
-def _first_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
+def run_first_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:
     """``flash``: the first flavour that imports, in TE's precedence FA4 > FA3 > FA2."""
     errors = []
-    for flavour in ("fa4", "fa3", "fa2"):
+    for flavour in backends.precedence("flash"):
         try:
             _flash_module(flavour)
         except RuntimeError as exc:
@@ -445,7 +446,7 @@ def _sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) ->
 
 
 @_preparer
-def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:  # gpu-only
+def run_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> Launch:  # gpu-only
     """torch SDPA restricted to its cuDNN backend (never ran on a GPU here): bshd/sbhd, no/causal
     masks, bias (pre/post-scale, ALiBi as a bias tensor), dropout; no windows, padding, lse.
     Inputs :func:`cudnn_sdpa_refusal` names raise :class:`Unsupported` before SDPA is called."""
@@ -465,7 +466,7 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> La
     sq, skv, h = qh.shape[2], kh.shape[2], qh.shape[1]
     mask = f["attn_mask_type"]
     scale = f["softmax_scale"] if f["softmax_scale"] is not None else q.shape[-1] ** -0.5
-    off = skv - sq if reference._bottom_right(mask, f["bottom_right_diagonal"]) else 0
+    off = skv - sq if reference.is_bottom_right(mask, f["bottom_right_diagonal"]) else 0
     bias = None
     if f["bias_type"] in ("pre_scale_bias", "post_scale_bias"):
         bias = f["bias"].to(q.dtype) * (scale if f["bias_type"] == "pre_scale_bias" else 1.0)
@@ -488,21 +489,32 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: Features) -> La
     return Launch(_sdpa_cudnn, (qh, kh, vh), kw, lambda out: out.permute(*inv).contiguous())
 
 
-RUNNERS: dict[str, Runner] = {
-    "unfused": _unfused,
-    "triton": _triton,
-    "fa2": _flash("fa2"),
-    "fa3": _flash("fa3"),
-    "fa4": _flash("fa4"),
-    "flash": _first_flash,
-    "fused": _fused,
-}
+#: Name -> runner: every flash-attn flavour, and each registered candidate's runner
+#: (``Backend.runner``; a candidate registered later is added on first use). Tests may put
+#: kernels in.
+RUNNERS: dict[str, Runner] = {f: _flash(f) for f in FLASH_MODULES}
+_SEEN = [-1]
+
+
+def _registered() -> None:
+    """Add the runners of candidates registered since the last look (kept: a test's kernel)."""
+    if _SEEN[0] != backends.version():
+        for b in backends.all_backends():
+            if b.runner is not None and b.name not in RUNNERS:
+                RUNNERS[b.name] = backends.resolve(b.runner)
+        _SEEN[0] = backends.version()
+
+
+_registered()
 
 
 def _canonical(backend: str) -> str:
-    name = _ALIASES.get(backend, backend)
+    _registered()
+    name = backends.aliases().get(backend.lower(), backend) if isinstance(backend, str) \
+        else backend  # fmt: skip
     if name not in RUNNERS:
-        allowed = ", ".join(sorted({*RUNNERS, *_ALIASES}))
+        allowed = ", ".join(sorted({*RUNNERS, *(a for a, n in backends.aliases().items()
+                                                if n in RUNNERS)}))  # fmt: skip
         raise ValueError(f"backend={backend!r} is not known; allowed: {allowed}")
     return name
 
@@ -544,8 +556,9 @@ def interpreter_ready() -> bool:
     import triton.language.standard as std
 
     mod = importlib.import_module(KERNEL)
-    return bool(mod._interpreting()) and _interpreted(std.cdiv) and \
-        _interpreted(getattr(mod, "_fwd_kernel", None))  # fmt: skip
+    jit = importlib.import_module(KERNEL_JIT)
+    return bool(mod.interpreting()) and _interpreted(std.cdiv) and \
+        _interpreted(getattr(jit, "fwd_kernel", None))  # fmt: skip
 
 
 def use_interpreter() -> bool:
@@ -569,7 +582,7 @@ def use_interpreter() -> bool:
     return interpreter_ready()
 
 
-def _blocker(config: FusedAttnConfig) -> str | None:
+def blocker(config: FusedAttnConfig) -> str | None:
     """Why no runner can build this config's problem at all (None when one can)."""
     if config.fp8:
         return "FP8 attention is not a runner feature (inputs are fp16/bf16/fp32)"
@@ -606,7 +619,7 @@ def can_run_here(backend: str, config: FusedAttnConfig, device: DeviceProfile, *
     name = _canonical(backend)
     if device.source != "local":
         return False, f"{device.name} is a what-if profile: nothing runs on it from this machine"
-    why = _blocker(config) or busy()
+    why = blocker(config) or busy()
     if why:
         return False, why
     if name == "unfused":
@@ -625,6 +638,9 @@ def can_run_here(backend: str, config: FusedAttnConfig, device: DeviceProfile, *
             return False, ("TRITON_INTERPRET=1 was set after triton was imported (its "
                            "kernels are compiled, not interpreted): set it before Python starts")
         return True, "the Triton interpreter on CPU (TRITON_INTERPRET=1)"
+    desc = backends.find(name)
+    if desc is not None and desc.runs_on_cpu:
+        return True, f"{desc.display} runs on any device"
     if not cuda:
         return False, f"{name} needs a CUDA GPU; this machine has none"
     return _can_run_on_gpu(name)  # gpu-only
@@ -632,8 +648,7 @@ def can_run_here(backend: str, config: FusedAttnConfig, device: DeviceProfile, *
 
 def _can_run_on_gpu(name: str) -> tuple[bool, str]:  # gpu-only
     """:func:`can_run_here` for flash-attn and ``fused`` on a CUDA machine."""
-    flavours = ("fa4", "fa3", "fa2") if name == "flash" else (name,) if name in FLASH_MODULES \
-        else ()  # fmt: skip
+    flavours = backends.precedence(name) or ((name,) if name in FLASH_MODULES else ())
     errors = []
     for flavour in flavours:
         try:

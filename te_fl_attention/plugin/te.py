@@ -7,12 +7,12 @@ calls :func:`load_plugins`. That puts a :class:`TexProxy` in
 ``sys.modules["transformer_engine_torch"]``; when TE's ``dot_product_attention`` module is
 imported it binds
 
-* ``dpa_utils.get_attention_backend`` to :func:`get_attention_backend` (our Selector, TE's
+* ``dpa_utils.get_attention_backend`` to :func:`get_attention_backend` (:mod:`.te_backend`: TE's
   6-tuple; TE's own function stays as ``dpa_utils._original_get_attention_backend``), and
-* its ``FlashAttention`` name to our router (:mod:`.flash_attention`), which runs the flash-tier
+* its ``FlashAttention`` name to our router (:mod:`.router`), which runs the flash-tier
   backend the decision chose: flash-attn through TE's own FlashAttention, or our Triton kernel.
 
-Every other attribute resolves through the op registry (:mod:`.registry`: ``TE_FL_*`` policy,
+Every other attribute resolves through the op registry (:mod:`.ops`: ``TE_FL_*`` policy,
 ``te_fl.plugin`` entry points, ``TE_FL_PLUGIN_MODULES``), falling through to the native module
 registered as vendor ``cuda``; TE keeps working for every op.
 
@@ -28,43 +28,31 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from ..device import DeviceProfile, profile
+from ..device import DeviceProfile
 from ..selector import Selector
-from ..switches import check_switches, switch
-from .flash_attention import FlashAttentionRouter
-from .registry import OpManager, OpRegistry, SelectionPolicy, configure_logging, discover_plugins
-from .selection import _CURRENT, TEBackend, current, env_defaults, set_current, te_version
+from ..switches import switch
+from .ops import OpManager, OpRegistry, SelectionPolicy, discover_plugins
+from .router import FlashAttentionRouter
+from .te_backend import (
+    DPA_UTILS,
+    TEBackend,
+    current,
+    env_defaults,
+    get_attention_backend,
+    make_backend,
+    set_current,
+    te_version,
+)
 
 logger = logging.getLogger("te_fl_attention.plugin")
 
 MODULE_NAME = "transformer_engine_torch"
 NATIVE_NAME = "transformer_engine_torch_nv"
-DPA_UTILS = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 DPA_BACKENDS = "transformer_engine.pytorch.attention.dot_product_attention.backends"
-
-
-def get_attention_backend(attention_params: Any = None) -> tuple:
-    """TE's ``get_attention_backend``: ``(use_flash_attention, flash_attention_backend,
-    use_fused_attention, fused_attention_backend, use_unfused_attention, available_backends)``
-    from our Selector (see :mod:`.selection`). If our selection raises outside torch.compile,
-    TE's own function answers (one warning per error)."""
-    backend = _CURRENT[0] if _CURRENT else _default_backend()
-    try:
-        return backend(attention_params)
-    except Exception as exc:  # noqa: BLE001 - TE must keep working
-        original = _original_selector()
-        if original is None or torch.compiler.is_compiling():
-            raise
-        _warn_once(f"{type(exc).__name__}: {exc}", "te-fl-attention could not select a backend "
-                   "(%s); TransformerEngine's own get_attention_backend answers instead", exc)
-        return original(attention_params)
 
 
 class TexProxy(types.ModuleType):
@@ -111,7 +99,6 @@ class _State:
 _LOCK = threading.RLock()
 _STATE: _State | None = None
 _LOGGED = False
-_WARNED: set[str] = set()
 
 
 def load_plugins(device: DeviceProfile | str | None = None, selector: Selector | None = None
@@ -133,7 +120,7 @@ def load_plugins(device: DeviceProfile | str | None = None, selector: Selector |
         seeded: dict[str, str] = {}
         try:
             native = _native_module(found)
-            backend = _make_backend(device, selector)
+            backend = make_backend(device, selector)
             proxy = TexProxy(native, _make_manager(native))
             sys.modules[NATIVE_NAME] = native
             sys.modules[MODULE_NAME] = proxy
@@ -162,7 +149,7 @@ def install(device: DeviceProfile | str | None = None, selector: Selector | None
     with _LOCK:
         utils = importlib.import_module(DPA_UTILS)
         dpa = importlib.import_module(DPA_MODULE)
-        backend = _make_backend(device, selector) if (
+        backend = make_backend(device, selector) if (
             _STATE is None or device is not None or selector is not None) else _STATE.backend
         state = _STATE if _STATE is not None else _State(backend)
         state.backend = backend
@@ -223,7 +210,7 @@ def configure(device: DeviceProfile | str | None = None, selector: Selector | No
     """Change the device or selector of the installed plugin (a fresh memo; TE re-selects)."""
     with _LOCK:
         old = current()
-        backend = _make_backend(device if device is not None else
+        backend = make_backend(device if device is not None else
                                 (old.device if old is not None else None),
                                 selector if selector is not None else
                                 (old.selector if old is not None else None))  # fmt: skip
@@ -259,34 +246,6 @@ def _make_manager(native: types.ModuleType) -> OpManager:
     return OpManager(registry, SelectionPolicy.from_env(), native=native)
 
 
-def _make_backend(device: DeviceProfile | str | None, selector: Selector | None) -> TEBackend:
-    """The backend for ``device`` (``TE_FL_ATTN_DEVICE`` when not given). A malformed switch
-    (``TE_FL_ATTN_*`` not exactly 0/1) raises ``ValueError`` here, naming it: TE raises on
-    an ``NVTE_*`` it cannot read too, and plugin loading then fails with TE's own warning."""
-    check_switches()
-    configure_logging()
-    if device is None:
-        device = os.environ.get("TE_FL_ATTN_DEVICE") or None
-    if selector is None:
-        from ..selector import default_selector
-
-        selector = default_selector()
-    return TEBackend(selector, profile(device))
-
-
-_DEFAULT_LOCK = threading.Lock()
-
-
-def _default_backend() -> TEBackend:
-    """Used when get_attention_backend is called without load_plugins/install."""
-    with _DEFAULT_LOCK:
-        backend = current()
-        if backend is None:
-            backend = _make_backend(None, None)
-            set_current(backend)
-        return backend
-
-
 def _seed_environment() -> dict[str, str]:
     """Write each unset policy variable's default (``TE_FL_ATTN_SEED_ENV=0`` opts out)."""
     if not switch("TE_FL_ATTN_SEED_ENV", os.environ):
@@ -313,37 +272,37 @@ def _reselect() -> None:
         cache["backend_selection_requires_update"] = True
 
 
-def _original_selector() -> Callable[[Any], Any] | None:
-    utils = sys.modules.get(DPA_UTILS)
-    original = getattr(utils, "_original_get_attention_backend", None)
-    return None if original is get_attention_backend else original
-
-
 def _native_flash() -> type:
     return importlib.import_module(DPA_BACKENDS).FlashAttention
 
 
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        logger.warning(msg, *args)
-
-
 def candidates_here(device: DeviceProfile) -> list[str]:
-    """What this device could run, from its profile (no probing): one phrase per candidate."""
-    gpu = device.sm is not None
-    out = []
-    if gpu and device.sm >= 80 and device.cudnn:
-        out.append(f"FusedAttention (cuDNN {device.cudnn})")
-    for flavour, field_name in (("2", "flash_attn"), ("3", "flash_attn_3"), ("4", "flash_attn_4")):
-        version = getattr(device, field_name)
-        if gpu and version:
-            out.append(f"FlashAttention {flavour} (flash-attn {version})")
+    """What this device could run for a plain config (bf16, bshd, no mask), from each registered
+    candidate's rule stage (no graph build, no import, no run): one phrase per candidate or
+    flavour, with the library version that runs it."""
+    from .. import backends
+    from ..config import FusedAttnConfig
+
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if device.triton and (gpu or interpret):
-        where = "" if gpu else ", interpreter on CPU"
-        out.append(f"TritonFlashAttention (triton {device.triton}{where})")
-    out.append("UnfusedDotProductAttention")
+    sample, out = FusedAttnConfig(), []
+    from ..kernels.run import can_run_here
+
+    cpu_only = device.sm is None and device.source == "local"
+    for b in backends.all_backends():
+        if b.make_probe(graph=False, interpret=interpret).rules(sample, device):
+            continue
+        if cpu_only and not can_run_here(b.name, sample, device, interpret=interpret)[0]:
+            continue  # no GPU here: only what runs on this CPU
+        label = b.library[0] if b.library else None
+        if b.flavours:
+            for f in reversed(b.flavours):  # as users name them: 2, 3, 4
+                version = getattr(device, f.version_field or "", None)
+                if version:
+                    out.append(f"{f.display} ({label} {version})")
+            continue
+        version = getattr(device, b.library[1], None) if b.library else None
+        where = ", interpreter on CPU" if cpu_only and b.library else ""
+        out.append(f"{b.display} ({label} {version}{where})" if version else b.display)
     return out
 
 

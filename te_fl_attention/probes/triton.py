@@ -175,7 +175,7 @@ class TritonFlashProbe(RuleProbe):
     def _run_here(self, config: FusedAttnConfig, device: DeviceProfile, result: ProbeResult
                   ) -> ProbeResult:  # fmt: skip
         """Compile and run one tiny problem of the config's kind here (GPU, or interpreter)."""
-        from .. import verify
+        from .. import problems
         from ..kernels import run as runner
 
         ok, why = runner.can_run_here("triton", config, device, interpret=self.interpret)
@@ -188,12 +188,12 @@ class TritonFlashProbe(RuleProbe):
 
         cpu = not torch.cuda.is_available()
         where = "the Triton interpreter (CPU)" if cpu else device.name
-        note, exc = verify.tiny_run("triton", config)  # isolated in a worker on a GPU
+        note, exc = problems.tiny_run("triton", config)  # isolated in a worker on a GPU
         if exc is not None:
             stage = "compile" if _is_compile_error(exc) else "run"
-            text = verify.describe_error(exc)
+            text = problems.describe_error(exc)
             reason = reject(f"triton.{stage}_failed", f"our Triton kernel failed to {stage} a tiny "
-                            f"problem on {where}: {text}", observed=verify.error_type(exc),
+                            f"problem on {where}: {text}", observed=problems.error_type(exc),
                             limit=f"{stage}s without error", stage=stage)  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(reason,), stage=stage)
         if note is not None:

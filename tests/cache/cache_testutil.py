@@ -1,12 +1,19 @@
-"""Helpers shared by the probe-cache tests (keys, results, a log collector)."""
+"""Helpers shared by the probe-cache tests (keys, results, a log collector, the CLI in a child)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from te_fl_attention.cache import CacheKey
 from te_fl_attention.reasons import ProbeResult, Reason
+
+ROOT = Path(__file__).resolve().parents[2]
+_CLI = "import sys; from te_fl_attention.cli import main; sys.exit(main(sys.argv[1:]))"
 
 FP = hashlib.sha256(b"device").hexdigest()
 VK = hashlib.sha256(b"versions").hexdigest()
@@ -41,3 +48,11 @@ class Records(logging.Handler):
 
     def at(self, level: int) -> list[str]:
         return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 60
+            ) -> subprocess.CompletedProcess:  # fmt: skip
+    """``te-fl-attn ARGS`` in a child process with ``env`` added (the checkout on its path)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-c", _CLI, *args], env=full, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip

@@ -1,9 +1,14 @@
-"""Shared fixtures for the probe-cache tests: an isolated default cache and sample results."""
+"""Shared fixtures for the probe-cache tests: an isolated default cache, sample results, a small
+real disk (tmpfs)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cache_testutil import Records
@@ -44,3 +49,20 @@ def cache_log() -> Iterator[Records]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old)
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0  # fmt: skip
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "1m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)

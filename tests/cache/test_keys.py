@@ -13,20 +13,27 @@ from cache_testutil import result
 import te_fl_attention
 from te_fl_attention.cache import PROBE_SCHEMA, CacheKey, ProbeCache, package_version, versions_key
 from te_fl_attention.cache import keys as keys_mod
+from te_fl_attention.cache.keys import KeySpace
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
+from te_fl_attention.probes import default_probes
+from te_fl_attention.selector import Selector
+
+SPACE = KeySpace(default_probes(graph=False))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(te_fl_attention.__file__)))
 CHILD = """
 import json, sys
-from te_fl_attention.cache import CacheKey, ProbeCache
+from te_fl_attention.cache import ProbeCache
+from te_fl_attention.cache.keys import KeySpace
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.device import profile
+from te_fl_attention.probes import default_probes
 from te_fl_attention.reasons import ProbeResult
 cfg = FusedAttnConfig(num_heads=32, num_gqa_groups=8, head_dim_qk=128, max_seqlen_q=4096,
                       attn_mask_type="causal", dtype="bf16")
 dev = profile("h100")
-key = CacheKey.make(cfg, "fused", dev)
+key = KeySpace(default_probes(graph=False)).key(cfg, "fused", dev)
 ProbeCache(sys.argv[1]).put(key, ProbeResult("fused", True), config=cfg, device=dev)
 print(json.dumps(key))
 """
@@ -45,23 +52,26 @@ def test_same_config_from_two_processes_is_one_row(tmp_path):
     assert len(cache) == 1
     cfg = FusedAttnConfig(num_heads=32, num_gqa_groups=8, head_dim_qk=128, max_seqlen_q=4096,
                           attn_mask_type="causal", dtype="bf16")  # fmt: skip
-    here = CacheKey.make(cfg, "fused", profile("h100"))
+    here = SPACE.key(cfg, "fused", profile("h100"))
     assert tuple(here) == keys[0] and cache.get(here) is not None
 
 
 def test_any_version_change_misses(store):
     dev = profile("h100")
     cfg = FusedAttnConfig()
-    k = CacheKey.make(cfg, "flash", dev)
+    k = SPACE.key(cfg, "flash", dev)
     store.put(k, result(1, "flash"))
     assert store.get(k) == result(1, "flash")
+    env = SPACE.env()
     changed = [
-        CacheKey.make(cfg, "flash", dev.with_overrides({"cudnn": "9.10.0"})),
-        CacheKey.make(cfg, "flash", dev.with_overrides({"flash_attn": "none"})),
-        CacheKey.make(cfg, "flash", dev, probe_schema=PROBE_SCHEMA + 1),
-        k._replace(versions_key=versions_key(dev, package="9.9.9")),
-        CacheKey.make(cfg, "flash", profile("h200")),  # different hardware
-        CacheKey.make(cfg.replace(dropout=0.1), "flash", dev),  # different config
+        SPACE.key(cfg, "flash", dev.with_overrides({"cudnn": "9.10.0"})),
+        SPACE.key(cfg, "flash", dev.with_overrides({"flash_attn": "none"})),
+        k._replace(versions_key=versions_key(dev, PROBE_SCHEMA + 1, probe_env=env)),
+        k._replace(versions_key=versions_key(dev, package="9.9.9", probe_env=env)),
+        SPACE.key(cfg, "flash", dev, stage="verify"),  # a stage's own rows
+        KeySpace(default_probes(graph=True)).key(cfg, "flash", dev),  # other probe settings
+        SPACE.key(cfg, "flash", profile("h200")),  # different hardware
+        SPACE.key(cfg.replace(dropout=0.1), "flash", dev),  # different config
     ]
     assert len({c for c in changed} | {k}) == len(changed) + 1
     for c in changed:
@@ -98,3 +108,16 @@ def test_key_validation():
         assert bad.problem()
         with pytest.raises(ValueError):
             bad.check()
+
+
+def test_the_selector_stores_rows_under_the_key_space_keys():
+    """One function builds keys: a KeySpace over the same probes names the selector's rows."""
+    from te_fl_attention.cache import MemoryCache
+
+    cache = MemoryCache()
+    sel = Selector(default_probes(graph=False), cache=cache)
+    cfg, dev = FusedAttnConfig(), profile("h100")
+    sel.decide(cfg, dev)
+    stored = {r.key for r in cache.iter_rows()}
+    assert stored == set(SPACE.keys(cfg, dev, ["fused", "flash", "triton", "unfused"]).values())
+    assert sel.keys.versions(dev) == SPACE.versions(dev)

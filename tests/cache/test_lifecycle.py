@@ -1,7 +1,9 @@
-"""Damaged, foreign, newer and unwritable stores: moved aside or degraded, never an error."""
+"""Damaged, foreign, newer and unwritable stores: moved aside or degraded, never an error; and
+the storage edges of a store's path (FIFOs, full disks, long names, symlinks, permissions)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import logging
@@ -12,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from cache_testutil import Records, key, result
+from cache_testutil import Records, key, result, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -303,3 +305,111 @@ def test_unwritable_location(tmp_path, cache_log):
     assert cache.get(key(1)) == result(1)
     assert cache.mode == "memo"
     assert len(cache_log.at(logging.WARNING)) == 1
+
+
+# ------------------------------------------------------------------ storage edges: FIFOs, full
+# disks, names too long, unsearchable directories, symlinks, permissions (from issue 12)
+def _warnings(cache_log) -> list[str]:
+    return cache_log.at(logging.WARNING)
+
+
+def _fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+def test_rows_are_served_read_only_when_the_disk_is_full(small_disk):
+    store = ProbeCache(small_disk / "probes.sqlite")
+    store.put_many([(key(i), result(i)) for i in range(20)])
+    store.close()
+    _fill(small_disk)
+    again = ProbeCache(small_disk / "probes.sqlite")
+    assert again.get(key(3)) == result(3)
+    again.put(key(500), result(500))  # kept in memory
+    assert again.get(key(500)) == result(500) and again.mode in ("ro", "rw")
+    again.close()
+
+
+def test_a_fifo_at_the_store_path_never_hangs(tmp_path):
+    fifo = tmp_path / "probes.sqlite"
+    os.mkfifo(fifo)
+    for args in (["cache", "stats"], ["explain", "--seqlen", "128", "--device", "h100"]):
+        proc = run_cli(args, {"TE_FL_ATTN_CACHE": str(fifo)}, timeout=60)
+        assert proc.returncode == 0, proc
+        assert "FIFO" in proc.stderr and "TE_FL_ATTN_CACHE" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_name_too_long_is_memory_mode_with_one_warning(tmp_path, cache_log):
+    store = ProbeCache(tmp_path / ("x" * 300 + ".sqlite"))
+    store.put(key(1), result(1))
+    assert store.get(key(1)) == result(1) and store.mode == "memo"
+    assert len(store.stats()["by_backend"]) == 1
+    (warning,) = _warnings(cache_log)
+    assert "TE_FL_ATTN_CACHE" in warning and "too long" in warning
+
+
+def test_an_unsearchable_directory_is_memory_mode_with_one_warning(tmp_path, cache_log,
+                                                                   monkeypatch):  # fmt: skip
+    path = tmp_path / "locked" / "probes.sqlite"
+    real_lstat = os.lstat
+
+    def lstat(p, *a, **k):  # root ignores permissions: refuse like an unsearchable directory
+        if str(p).startswith(str(tmp_path / "locked")):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_lstat(p, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    store = ProbeCache(path)
+    store.put(key(1), result(1))
+    assert store.get(key(1)) == result(1) and store.mode == "memo"
+    (warning,) = _warnings(cache_log)
+    assert "TE_FL_ATTN_CACHE" in warning and "Permission denied" in warning
+
+
+def test_a_symlink_out_of_the_cache_dir_is_never_followed(tmp_path, cache_log):
+    cache_dir, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    cache_dir.mkdir()
+    elsewhere.mkdir()
+    (cache_dir / "probes.sqlite").symlink_to(elsewhere / "victim.sqlite")  # dangling
+    store = ProbeCache(cache_dir / "probes.sqlite")
+    store.put(key(1), result(1))
+    assert store.mode == "memo" and list(elsewhere.iterdir()) == []
+    assert "symbolic link" in _warnings(cache_log)[0]
+
+
+def test_an_explicit_path_needs_its_directory_the_default_one_is_created(tmp_path, monkeypatch,
+                                                                         cache_log):  # fmt: skip
+    monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "a" / "b" / "c.sqlite"))
+    cache = open_cache()
+    cache.put(key(1), result(1))
+    assert cache.mode == "memo" and not (tmp_path / "a").exists()
+    assert "does not exist" in _warnings(cache_log)[0]
+    monkeypatch.delenv("TE_FL_ATTN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    old = os.umask(0)
+    try:
+        cache = open_cache()
+        cache.put(key(1), result(1))
+    finally:
+        os.umask(old)
+    assert cache.mode == "rw" and cache.path.is_relative_to(tmp_path / "xdg")
+    assert cache.path.parent.stat().st_mode & 0o777 == 0o700
+    cache.close()
+
+
+def test_store_files_are_private_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        store = ProbeCache(tmp_path / "new" / "probes.sqlite")
+        store.put(key(1), result(1))
+        files = sorted(p for p in (tmp_path / "new").iterdir())
+        assert {p.name for p in files} >= {"probes.sqlite", "probes.sqlite.lock"}
+        for p in files:
+            assert p.stat().st_mode & 0o777 == 0o600, p
+        assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+        store.close()
+    finally:
+        os.umask(old)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from te_fl_attention.cache import reader
 from te_fl_attention.cache import rows as codec
-from te_fl_attention.cache.keys import KNOWN_BACKENDS
+from te_fl_attention.cache.keys import known_backends
 from te_fl_attention.cache.rows import CacheRow, make_row
 from te_fl_attention.reasons import ProbeResult, Reason
 
@@ -62,7 +62,7 @@ reason = st.fixed_dictionaries(
 
 def results(variants: st.SearchStrategy) -> st.SearchStrategy:
     return st.fixed_dictionaries(
-        {"backend": maybe(st.sampled_from(KNOWN_BACKENDS)), "supported": maybe(st.booleans())},
+        {"backend": maybe(st.sampled_from(known_backends())), "supported": maybe(st.booleans())},
         optional={
             "reasons": maybe(st.lists(maybe(reason), max_size=2)),
             "stage": maybe(st.text(max_size=6)),
@@ -88,7 +88,7 @@ def rows(draw: st.DrawFn) -> dict:
     backend = res.get("backend") if isinstance(res, dict) else None
     row = {
         "config_key": draw(maybe(HEX)),
-        "backend": draw(st.one_of(st.just(backend), maybe(st.sampled_from(KNOWN_BACKENDS)))),
+        "backend": draw(st.one_of(st.just(backend), maybe(st.sampled_from(known_backends())))),
         "device_fp": draw(maybe(HEX)),
         "versions_key": draw(maybe(HEX)),
         "result": res,
@@ -113,7 +113,7 @@ def _strict() -> st.SearchStrategy:
                                                 "hint": st.none() | st.text(max_size=5)})
     reasons_ok = st.lists(reason_ok, min_size=1, max_size=2) | st.just([])
     leaf = st.fixed_dictionaries(
-        {"backend": st.sampled_from(KNOWN_BACKENDS), "supported": st.booleans()},
+        {"backend": st.sampled_from(known_backends()), "supported": st.booleans()},
         optional={"reasons": reasons_ok, "stage": st.text(max_size=5),
                   "evidence": st.text(max_size=5), "elapsed_ms": st.floats(0, 1e6),
                   "detail": st.dictionaries(st.text(max_size=4), free, max_size=3)},

@@ -46,7 +46,7 @@ def test_default_cache_singleton(monkeypatch, tmp_path):
 
 
 def test_import_is_light():
-    code = ("import sys, te_fl_attention.cache, te_fl_attention.cache.commands; "
+    code = ("import sys, te_fl_attention.cache, te_fl_attention.cli.cache; "
             "print(json.dumps([m for m in ('torch', 'rich') if m in sys.modules]))")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": _root()}
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True,

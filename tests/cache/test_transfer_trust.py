@@ -1,39 +1,27 @@
 """Issue 12, the cache side: one validator for every row from outside (import, merge), no write
-reported that did not happen, and storage edge cases (FIFOs, devices, symlinks, permissions,
-full disks, umask)."""
+reported that did not happen, and the storage edges of moving rows (a device or FIFO as the
+source, full disks, damaged stores). The store's own storage edges (a FIFO at its path,
+symlinks, permissions, umask, a full disk under it) are in test_lifecycle.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cache_testutil import key, result
+from cache_testutil import key, result, run_cli
 
-from te_fl_attention.cache import ProbeCache, export, import_, merge, open_cache
-from te_fl_attention.cache import commands as cmd
+from te_fl_attention.cache import ProbeCache, export, import_, merge
 from te_fl_attention.cache.memory import MemoryCache
-
-ROOT = Path(__file__).resolve().parents[2]
-_CLI = "import sys; from te_fl_attention.cli import main; sys.exit(main(sys.argv[1:]))"
+from te_fl_attention.cli import cache as cmd
 
 
 class Out(list):
     def __call__(self, text: str) -> None:
         self.append(str(text))
-
-
-def _cli(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run([sys.executable, "-c", _CLI, *args], env=full, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
 
 
 def _export(tmp_path: Path, n: int = 5, name: str = "e.jsonl") -> Path:
@@ -124,7 +112,7 @@ def test_cli_import_into_a_read_only_store_fails_before_the_work(tmp_path):
     store = tmp_path / "c" / "probes.sqlite"
     store.parent.mkdir()
     ProbeCache(store).put(key(100), result(100))
-    proc = _cli(["cache", "import", str(path)],
+    proc = run_cli(["cache", "import", str(path)],
                 {"TE_FL_ATTN_CACHE": str(store), "TE_FL_ATTN_CACHE_READONLY": "1"})  # fmt: skip
     assert proc.returncode == 1, proc
     assert "read-only" in proc.stderr and "Traceback" not in proc.stderr
@@ -136,7 +124,7 @@ def test_cli_import_into_an_unwritable_cache_fails(tmp_path):
     path = _export(tmp_path)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = _cli(["cache", "import", str(path)], {"TE_FL_ATTN_CACHE": str(blocker / "p.sqlite")})
+    proc = run_cli(["cache", "import", str(path)], {"TE_FL_ATTN_CACHE": str(blocker / "p.sqlite")})
     assert proc.returncode == 1, proc
     assert "cannot be written" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(line.startswith("imported") for line in proc.stdout.splitlines())
@@ -162,49 +150,13 @@ def test_import_with_a_full_disk_reports_no_rows_it_did_not_store(tmp_path):
     assert report_line.startswith(f"imported {stored - 1},")  # only what reached the file
 
 
-def _mount_tmpfs(where: Path, size: str) -> bool:
-    where.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0  # fmt: skip
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "1m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
-def _fill(disk: Path) -> None:
-    with open(disk / "filler", "wb") as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 65536)
-            f.flush()
-
-
 def test_cli_import_on_a_really_full_disk_exits_nonzero(tmp_path, small_disk):
     path = _export(tmp_path, 5000)
     store = small_disk / "probes.sqlite"
-    proc = _cli(["cache", "import", str(path)], {"TE_FL_ATTN_CACHE": str(store)}, timeout=120)
+    proc = run_cli(["cache", "import", str(path)], {"TE_FL_ATTN_CACHE": str(store)}, timeout=120)
     assert proc.returncode == 1, proc
     assert "could not be written" in proc.stderr and "NOT written 5000" in proc.stdout
     assert "imported 5000" not in proc.stdout and "Traceback" not in proc.stderr
-
-
-def test_rows_are_served_read_only_when_the_disk_is_full(small_disk):
-    store = ProbeCache(small_disk / "probes.sqlite")
-    store.put_many([(key(i), result(i)) for i in range(20)])
-    store.close()
-    _fill(small_disk)
-    again = ProbeCache(small_disk / "probes.sqlite")
-    assert again.get(key(3)) == result(3)
-    again.put(key(500), result(500))  # kept in memory
-    assert again.get(key(500)) == result(500) and again.mode in ("ro", "rw")
-    again.close()
 
 
 def test_merge_output_under_a_file_is_refused_before_the_work(tmp_path, monkeypatch):
@@ -264,20 +216,12 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ bullet 3: storage edges
-def test_a_fifo_at_the_store_path_never_hangs(tmp_path):
-    fifo = tmp_path / "probes.sqlite"
-    os.mkfifo(fifo)
-    for args in (["cache", "stats"], ["explain", "--seqlen", "128", "--device", "h100"]):
-        proc = _cli(args, {"TE_FL_ATTN_CACHE": str(fifo)}, timeout=60)
-        assert proc.returncode == 0, proc
-        assert "FIFO" in proc.stderr and "TE_FL_ATTN_CACHE" in proc.stderr
-        assert "Traceback" not in proc.stderr
 
 
 def test_importing_a_device_or_fifo_is_an_error_not_a_hang(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     for src in ("/dev/zero", str(tmp_path / "fifo")):
-        proc = _cli(["cache", "import", src],
+        proc = run_cli(["cache", "import", src],
                     {"TE_FL_ATTN_CACHE": str(tmp_path / "probes.sqlite")}, timeout=60)  # fmt: skip
         assert proc.returncode == 1, proc
         assert "not a regular file" in proc.stderr and "Traceback" not in proc.stderr
@@ -289,84 +233,10 @@ def _warnings(cache_log) -> list[str]:
     return cache_log.at(logging.WARNING)
 
 
-def test_a_name_too_long_is_memory_mode_with_one_warning(tmp_path, cache_log):
-    store = ProbeCache(tmp_path / ("x" * 300 + ".sqlite"))
-    store.put(key(1), result(1))
-    assert store.get(key(1)) == result(1) and store.mode == "memo"
-    assert len(store.stats()["by_backend"]) == 1
-    (warning,) = _warnings(cache_log)
-    assert "TE_FL_ATTN_CACHE" in warning and "too long" in warning
-
-
-def test_an_unsearchable_directory_is_memory_mode_with_one_warning(tmp_path, cache_log,
-                                                                   monkeypatch):  # fmt: skip
-    path = tmp_path / "locked" / "probes.sqlite"
-    real_lstat = os.lstat
-
-    def lstat(p, *a, **k):  # root ignores permissions: refuse like an unsearchable directory
-        if str(p).startswith(str(tmp_path / "locked")):
-            raise PermissionError(13, "Permission denied", str(p))
-        return real_lstat(p, *a, **k)
-
-    monkeypatch.setattr(os, "lstat", lstat)
-    store = ProbeCache(path)
-    store.put(key(1), result(1))
-    assert store.get(key(1)) == result(1) and store.mode == "memo"
-    (warning,) = _warnings(cache_log)
-    assert "TE_FL_ATTN_CACHE" in warning and "Permission denied" in warning
-
-
-def test_a_symlink_out_of_the_cache_dir_is_never_followed(tmp_path, cache_log):
-    cache_dir, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
-    cache_dir.mkdir()
-    elsewhere.mkdir()
-    (cache_dir / "probes.sqlite").symlink_to(elsewhere / "victim.sqlite")  # dangling
-    store = ProbeCache(cache_dir / "probes.sqlite")
-    store.put(key(1), result(1))
-    assert store.mode == "memo" and list(elsewhere.iterdir()) == []
-    assert "symbolic link" in _warnings(cache_log)[0]
-
-
-def test_an_explicit_path_needs_its_directory_the_default_one_is_created(tmp_path, monkeypatch,
-                                                                         cache_log):  # fmt: skip
-    monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / "a" / "b" / "c.sqlite"))
-    cache = open_cache()
-    cache.put(key(1), result(1))
-    assert cache.mode == "memo" and not (tmp_path / "a").exists()
-    assert "does not exist" in _warnings(cache_log)[0]
-    monkeypatch.delenv("TE_FL_ATTN_CACHE")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    old = os.umask(0)
-    try:
-        cache = open_cache()
-        cache.put(key(1), result(1))
-    finally:
-        os.umask(old)
-    assert cache.mode == "rw" and cache.path.is_relative_to(tmp_path / "xdg")
-    assert cache.path.parent.stat().st_mode & 0o777 == 0o700
-    cache.close()
-
-
-def test_store_files_are_private_whatever_the_umask(tmp_path):
-    old = os.umask(0)
-    try:
-        store = ProbeCache(tmp_path / "new" / "probes.sqlite")
-        store.put(key(1), result(1))
-        files = sorted(p for p in (tmp_path / "new").iterdir())
-        assert {p.name for p in files} >= {"probes.sqlite", "probes.sqlite.lock"}
-        for p in files:
-            assert p.stat().st_mode & 0o777 == 0o600, p
-        assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
-        store.close()
-    finally:
-        os.umask(old)
-
-
-def test_memory_cache_import_is_not_reported_as_stored_by_the_cli(tmp_path):
+def test_memory_cache_import_is_not_reported_as_stored_by_therun_cli(tmp_path):
     out = Out()
     assert cmd.cmd_import(str(_export(tmp_path)), out, cache=MemoryCache()) == 1
     assert "TE_FL_ATTN_CACHE=off" in out[0]
-
 
 
 def _damage_a_table_page(path: Path) -> bytes:

@@ -1,4 +1,5 @@
-"""Fleet tests: an isolated default cache and no remote tier unless a test sets one."""
+"""Fleet tests: an isolated default cache and no remote tier unless a test sets one; ``sel``, a
+rules-only selector."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from te_fl_attention import Selector
 from te_fl_attention.cache import reset_default_cache
+from te_fl_attention.probes import default_probes
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +21,8 @@ def _isolated(tmp_path, monkeypatch) -> Iterator[None]:
     reset_default_cache()
     yield
     reset_default_cache()
+
+
+@pytest.fixture
+def sel():
+    return Selector(default_probes(graph=False))

@@ -1,25 +1,30 @@
-"""Helpers for the fleet tests: child-process environments and multi-rank launches."""
+"""Helpers for the fleet tests: sample configs, a real-GPU profile, child-process environments and
+multi-rank launches."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_env
+
+from te_fl_attention import FusedAttnConfig
+from te_fl_attention.device import profile
+from te_fl_attention.presets import preset
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+
+LLAMA = FusedAttnConfig(**preset("llama3-8b"))
+SWA = FusedAttnConfig(**preset("gpt-oss-120b-swa"))
+FP32 = FusedAttnConfig(dtype="fp32", num_heads=8)
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child Python process: this checkout importable, quiet, unbuffered."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
+def real_gpu(name="NVIDIA H100 80GB HBM3", base="h100", memory=79.1, **versions):
+    dev = profile(base).with_overrides(versions) if versions else profile(base)
+    return dataclasses.replace(dev, name=name, source="local", memory_gib=memory)
 
 
 def run_ranks(args_for, world: int, timeout: float, env: dict[str, str] | None = None

@@ -122,7 +122,7 @@ def installed(monkeypatch: Any, log: LaunchLog | None = None) -> Iterator[Launch
     from te_fl_attention.kernels import tuning
 
     log = log if log is not None else LaunchLog()
-    monkeypatch.setattr(tf, "_interpreting", lambda: False)
+    monkeypatch.setattr(tf, "interpreting", lambda: False)
     for name, attr in tf._KERNELS.items():
         monkeypatch.setattr(tf, attr, LaunchDouble(name, getattr(tf, attr), log))
     monkeypatch.setattr(tuning, "_TUNER", tuning.Tuner(warmup=0, reps=1))

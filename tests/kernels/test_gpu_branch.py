@@ -21,7 +21,7 @@ from te_fl_attention.kernels import triton_flash as tf  # noqa: E402
 from te_fl_attention.kernels import tuning  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not tf._interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
+    not tf.interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
 )
 
 

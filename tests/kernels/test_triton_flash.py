@@ -31,7 +31,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 pytestmark = pytest.mark.skipif(
-    not tf._interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
+    not tf.interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
 )
 
 

@@ -29,7 +29,7 @@ from te_fl_attention.kernels import tuning  # noqa: E402
 from te_fl_attention.kernels.tuning import Config, MemoryTuningStore, Tuner  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not tf._interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
+    not tf.interpreting(), reason="these CPU tests need TRITON_INTERPRET=1 at triton import"
 )
 HERE = Path(__file__).resolve().parent
 

@@ -1,6 +1,6 @@
-"""Plugin fixture for test_registry.py: a module exposing ``register(registry)``."""
+"""Plugin fixture for test_ops_discovery.py: a module exposing ``register(registry)``."""
 
-from te_fl_attention.plugin.registry import BackendImplKind, OpImpl, OpRegistry
+from te_fl_attention.plugin.ops import BackendImplKind, OpImpl, OpRegistry
 
 
 def register(registry: OpRegistry) -> None:

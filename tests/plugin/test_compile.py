@@ -26,7 +26,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from te_fl_attention.plugin import te as plugin
-from te_fl_attention.plugin.selection import TEBackend, env_defaults, set_current
+from te_fl_attention.plugin.te_backend import TEBackend, env_defaults, set_current
 from te_fl_attention.probes import default_probes
 from te_fl_attention.selector import Selector
 
@@ -204,8 +204,8 @@ from test_compile import Params
 from torch._dynamo.testing import CompileCounterWithBackend
 from te_fl_attention.kernels import reference
 from te_fl_attention.plugin import te as plugin
-from te_fl_attention.plugin.flash_attention import FlashAttentionRouter
-from te_fl_attention.plugin.selection import TEBackend, set_current
+from te_fl_attention.plugin.router import FlashAttentionRouter
+from te_fl_attention.plugin.te_backend import TEBackend, set_current
 from te_fl_attention.probes import default_probes
 from te_fl_attention.selector import Selector
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from te_fl_attention import Policy, Selector, fleet
-from te_fl_attention.plugin.selection import TEBackend
+from te_fl_attention.plugin.te_backend import TEBackend
 from te_fl_attention.probes import default_probes
 
 

@@ -70,10 +70,10 @@ CompilationError.__module__ = "triton.compiler.errors"
 @pytest.mark.parametrize("exc, stage", [(CompilationError("bad tl.dot"), "compile"),
                                         (RuntimeError("out of resources"), "run")])
 def test_failures_are_compile_or_run(monkeypatch, exc, stage):
-    from te_fl_attention import verify
+    from te_fl_attention import problems
 
     monkeypatch.setattr(runner, "can_run_here", lambda *a, **k: (True, "test"))
-    monkeypatch.setattr(verify, "tiny_run", lambda b, c: (None, exc))
+    monkeypatch.setattr(problems, "tiny_run", lambda b, c: (None, exc))
     r = TritonFlashProbe().probe(FusedAttnConfig(), LOCAL)
     assert not r.supported and r.stage == stage
     assert r.reasons[0].code == f"triton.{stage}_failed" and str(exc) in r.reasons[0].message
@@ -121,12 +121,12 @@ def test_rules_match_the_kernels_supported_table():
 
 # ------------------------------------------------------------------------------ on a (fake) GPU
 def test_on_a_gpu_a_compile_error_reported_by_the_worker_is_stage_compile(fake_gpu, monkeypatch):
-    from te_fl_attention import verify
+    from te_fl_attention import problems
     from te_fl_attention.run_worker import RunFailure
 
     exc = RunFailure("CompilationError", "at 12:4: bad tl.dot",
                      ["builtins", "triton.compiler.errors"])  # fmt: skip
-    monkeypatch.setattr(verify, "tiny_run", lambda b, c: (None, exc))
+    monkeypatch.setattr(problems, "tiny_run", lambda b, c: (None, exc))
     device = profile("local")
     r = TritonFlashProbe().probe(FusedAttnConfig(), device)
     assert not r.supported and r.stage == "compile"
@@ -139,9 +139,9 @@ def test_on_a_gpu_a_compile_error_reported_by_the_worker_is_stage_compile(fake_g
 def test_on_a_gpu_the_tiny_run_is_the_kernels(fake_gpu, monkeypatch):
     """The GPU branch with the kernel itself (run by the interpreter: tensors stay on CPU),
     in-process, synchronized after the run."""
-    from te_fl_attention import verify
+    from te_fl_attention import problems
 
-    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)
+    monkeypatch.setattr(problems, "ISOLATE_GPU_RUNS", False)
     device = profile("local")
     r = TritonFlashProbe().probe(FusedAttnConfig(max_seqlen_q=16, head_dim_qk=32), device)
     assert r.supported and r.stage == "run" and r.detail == {"interpreter": False}

@@ -139,7 +139,8 @@ _DTYPES = {"kFloat16": "fp16", "kBFloat16": "bf16", "kFloat32": "fp32",
 
 def fused_params_config(params: Any) -> Any:
     """TE's ``FusedAttentionParams`` (what the C++ query receives) as a FusedAttnConfig."""
-    from te_fl_attention.config import FusedAttnConfig, _bias_shape_code
+    from te_fl_attention.config import FusedAttnConfig
+    from te_fl_attention.config_te import _bias_shape_code
 
     t = _tables()
     dtype = _DTYPES[getattr(params.qkv_dtype, "name", str(params.qkv_dtype))]

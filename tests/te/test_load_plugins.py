@@ -10,9 +10,9 @@ import types
 import pytest
 
 from te_fl_attention.plugin import te as plugin
-from te_fl_attention.plugin.flash_attention import FlashAttentionRouter
-from te_fl_attention.plugin.registry import UnknownOpError
-from te_fl_attention.plugin.selection import current, env_defaults
+from te_fl_attention.plugin.ops import UnknownOpError
+from te_fl_attention.plugin.router import FlashAttentionRouter
+from te_fl_attention.plugin.te_backend import current, env_defaults
 from te_fl_attention.policy import ENV_VARS
 
 

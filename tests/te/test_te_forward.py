@@ -27,7 +27,7 @@ utils, dpa_mod = te_boot.modules()
 import torch
 import transformer_engine.pytorch as te
 from te_fl_attention.kernels import reference
-from te_fl_attention.plugin.selection import TRITON_VERSION
+from te_fl_attention.plugin.te_backend import TRITON_VERSION
 
 log = io.StringIO()
 logging.getLogger("te_fl_attention.plugin").addHandler(logging.StreamHandler(log))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 PLUGIN_MODULE = """
 import types
-from te_fl_attention.plugin.registry import BackendImplKind, OpImpl
+from te_fl_attention.plugin.ops import BackendImplKind, OpImpl
 mod = types.ModuleType("tefl_test_ops")
 def register(registry):
     registry.register(OpImpl("rmsnorm_fwd", "flagos.test", BackendImplKind.FLAGOS,
@@ -33,8 +33,8 @@ def test_hook_installs_our_selector_router_and_proxy(te_script) -> None:
     import torch
     import te_fl_attention
     from te_fl_attention.plugin import te as plugin
-    from te_fl_attention.plugin.flash_attention import FlashAttentionRouter
-    from te_fl_attention.plugin.selection import BackendVersion
+    from te_fl_attention.plugin.router import FlashAttentionRouter
+    from te_fl_attention.plugin.te_backend import BackendVersion
     import transformer_engine.pytorch.attention.dot_product_attention.backends as backends
     import transformer_engine.pytorch.cpp_extensions as cpp_ext
     tex = sys.modules["transformer_engine_torch"]
@@ -141,7 +141,7 @@ def test_install_and_uninstall_without_the_hook(te_script) -> None:
     utils, dpa = te_boot.modules()
     import te_fl_attention
     from te_fl_attention.plugin import te as plugin
-    from te_fl_attention.plugin.flash_attention import FlashAttentionRouter
+    from te_fl_attention.plugin.router import FlashAttentionRouter
     te_original, flash_original = utils.get_attention_backend, dpa.FlashAttention
     dpa._attention_backends["backend_selection_requires_update"] = False
     te_fl_attention.install(device="a100")

@@ -8,9 +8,10 @@ import functools
 import importlib
 import time
 
+from ... import backends
 from ...config import FusedAttnConfig
 from ...device import DeviceProfile
-from ...reasons import DISPLAY_NAMES, ProbeResult, Reason
+from ...reasons import ProbeResult, Reason, combine_variants
 from ..base import Rule, evaluate, reject
 from .fa2 import FA2
 from .fa3 import FA3
@@ -31,30 +32,8 @@ def import_error(module: str) -> str | None:
 
 
 def combine(variants: tuple[ProbeResult, ...], elapsed_ms: float = 0.0) -> ProbeResult:
-    """The ``flash`` result from its flavours: supported when one is; otherwise every reason
-    once (shared ones first, as each flavour lists them first)."""
-    chosen = next((v for v in variants if v.supported), None)
-    merged: list[Reason] = []
-    if chosen is None:
-        seen: set[tuple[str, str]] = set()
-        for v in variants:
-            for r in v.reasons:
-                if (r.code, r.message) not in seen:
-                    seen.add((r.code, r.message))
-                    merged.append(r)
-    return ProbeResult(
-        backend="flash",
-        supported=chosen is not None,
-        reasons=tuple(merged),
-        stage="rule",
-        evidence="rules",
-        elapsed_ms=elapsed_ms,
-        detail={
-            "variant": chosen.backend if chosen else None,
-            "version": chosen.detail.get("version") if chosen else None,
-        },
-        variants=variants,
-    )
+    """The ``flash`` result from its flavours (:func:`.reasons.combine_variants`)."""
+    return combine_variants("flash", variants, elapsed_ms)
 
 
 class FlashAttnProbe:
@@ -151,7 +130,7 @@ class FlashAttnProbe:
         from ...kernels import run as runner
 
         dist, module = runner.FLASH_MODULES[flavour]
-        name = DISPLAY_NAMES[flavour]
+        name = backends.display(flavour)
         err = import_error(module)
         if err is not None:
             why = reject(f"{flavour}.import_failed", f"{name} ({dist} "
@@ -165,13 +144,13 @@ class FlashAttnProbe:
             return dataclasses.replace(result, stage="import", evidence=f"import {module}",
                                        detail={**result.detail, "run_note": "no CUDA device: "
                                                "the tiny call was not run"})  # fmt: skip
-        from ... import verify
+        from ... import problems
 
-        note, exc = verify.tiny_run(flavour, config)  # gpu-only
+        note, exc = problems.tiny_run(flavour, config)  # gpu-only
         if exc is not None:  # gpu-only
-            error = verify.describe_error(exc)
+            error = problems.describe_error(exc)
             why = reject(f"{flavour}.run_failed", f"{name} failed on a tiny problem: {error}",
-                         observed=verify.error_type(exc), limit="runs without error",
+                         observed=problems.error_type(exc), limit="runs without error",
                          stage="run")  # fmt: skip
             return dataclasses.replace(result, supported=False, reasons=(why,), stage="run")
         detail = {**result.detail, **({"run_note": note} if note else {})}  # gpu-only

@@ -7,14 +7,17 @@ import functools
 
 from packaging.version import Version
 
+from ... import backends
 from ...config import FusedAttnConfig
 from ...device import DeviceProfile
-from ...reasons import DISPLAY_NAMES, Reason
+from ...reasons import Reason
 from ..base import Rule, no_gpu, reject, version
 from ..common import ALL_BACKENDS, score_mod_only_fused
 
-FLAVOUR_FIELDS = {"fa2": "flash_attn", "fa3": "flash_attn_3", "fa4": "flash_attn_4"}
-PRECEDENCE = ("fa4", "fa3", "fa2")
+#: flash-attn's flavours in TE's precedence (FA4 > FA3 > FA2) and the DeviceProfile field that
+#: holds each one's installed version: both from the registry's ``flash`` descriptor.
+PRECEDENCE = backends.get("flash").flavour_names()
+FLAVOUR_FIELDS = {f.name: f.version_field for f in backends.get("flash").flavours}
 
 
 def fa_version(d: DeviceProfile, flavour: str) -> Version | None:
@@ -175,7 +178,7 @@ SHARED: tuple[Rule, ...] = (
 
 # ----------------------------------------------------------------------------- helpers
 def installed_rule(flavour: str) -> Rule:
-    name = DISPLAY_NAMES[flavour]
+    name = backends.display(flavour)
     dist = {"fa2": "flash-attn", "fa3": "flash-attn-3", "fa4": "flash-attn-4"}[flavour]
 
     @functools.lru_cache(maxsize=4)

@@ -99,20 +99,21 @@ def test_fa4_on_this_machine(monkeypatch):
 
 def test_tiny_run_on_a_gpu(fake_gpu, monkeypatch):
     """Import works, a (fake) GPU is there: the tiny call decides (stage run)."""
-    from te_fl_attention import verify
+    from te_fl_attention import problems
 
     monkeypatch.setattr(flash_probe, "import_error", lambda module: None)
     device, c = profile("local:fa2=2.8.3"), FusedAttnConfig()
-    monkeypatch.setattr(verify, "tiny_run", lambda b, cfg: (None, None))
+    monkeypatch.setattr(problems, "tiny_run", lambda b, cfg: (None, None))
     ok = flash_probe.FlashAttnProbe().probe(c, device)
     assert ok.supported and ok.chosen_variant().stage == "run"
-    monkeypatch.setattr(verify, "tiny_run", lambda b, cfg: (None, RuntimeError("no kernel image")))
+    monkeypatch.setattr(problems, "tiny_run",
+                        lambda b, cfg: (None, RuntimeError("no kernel image")))  # fmt: skip
     bad = flash_probe.FlashAttnProbe().probe(c, device)
     fa2 = bad.variants[2]
     assert not bad.supported and fa2.stage == "run" and fa2.reasons[0].code == "fa2.run_failed"
     assert "RuntimeError: no kernel image" in fa2.reasons[0].message
     assert fa2.reasons[0].observed == "RuntimeError"
-    monkeypatch.setattr(verify, "tiny_run", lambda b, cfg: ("tiny run skipped: why", None))
+    monkeypatch.setattr(problems, "tiny_run", lambda b, cfg: ("tiny run skipped: why", None))
     noted = flash_probe.FlashAttnProbe().probe(c, device).variants[2]
     assert noted.supported and noted.stage == "import" and noted.detail["run_note"].endswith("why")
     assert flash_probe.FlashAttnProbe(run=False).probe(c, device).supported
@@ -123,10 +124,10 @@ def test_fa2_runs_mla_on_the_local_h100(fake_gpu, fake_flash, monkeypatch, train
     """MLA head dims (192/128) on the local (fake) H100 with flash-attn 2.8.3 installed: the
     tiny run pads as TE does (the fake checks v's head size like flash_api.cpp), so FA2 is
     accepted where TE would run it, at stage run."""
-    from te_fl_attention import verify
+    from te_fl_attention import problems
     from te_fl_attention.presets import preset
 
-    monkeypatch.setattr(verify, "ISOLATE_GPU_RUNS", False)  # in-process (the worker: elsewhere)
+    monkeypatch.setattr(problems, "ISOLATE_GPU_RUNS", False)  # in-process (the worker: elsewhere)
     config = FusedAttnConfig(**preset("deepseek-v3"), is_training=training)
     device = profile("local")
     assert device.sm == 90 and device.flash_attn == "2.8.3"

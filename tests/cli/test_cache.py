@@ -1,0 +1,175 @@
+"""The ``te-fl-attn cache`` subcommand functions (cli/cache.py) and their argparse wiring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from cache_testutil import key, result
+
+from te_fl_attention.cache import MemoryCache, ProbeCache, default_cache
+from te_fl_attention.cli import cache as cmd
+from te_fl_attention.config import FusedAttnConfig
+from te_fl_attention.device import profile
+
+pytestmark = pytest.mark.usefixtures("isolated_cache")
+
+
+class Out(list):
+    def __call__(self, text: str) -> None:
+        self.append(text)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self)
+
+
+@pytest.fixture
+def filled(store):
+    cfg = FusedAttnConfig(num_heads=8, head_dim_qk=64)
+    dev = profile("h100")
+    for backend in ("fused", "flash", "unfused"):
+        store.put(key(0, backend)._replace(config_key=cfg.key()), result(3, backend),
+                  config=cfg, device=dev)  # fmt: skip
+    for i in range(1, 6):
+        store.put(key(i), result(i), device={"name": "h100"})
+    return store, cfg
+
+
+def test_parse_duration():
+    assert cmd.parse_duration("30d") == 30 * 86400
+    assert cmd.parse_duration("90m") == 5400 and cmd.parse_duration("12h") == 43200
+    assert cmd.parse_duration("15") == 15 and cmd.parse_duration("2.5s") == 2.5
+    for bad in ("", "d", "3w", "-1d", "1 day"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cmd.parse_duration(bad)
+
+
+def test_path(store):
+    out = Out()
+    assert cmd.cmd_path(out, cache=store) == 0 and out == [str(store.path)]
+    out = Out()
+    assert cmd.cmd_path(out, cache=MemoryCache()) == 0 and out[0].startswith("off")
+
+
+def test_stats(filled):
+    store, _ = filled
+    out = Out()
+    assert cmd.cmd_stats(out, cache=store) == 0
+    assert "entries" in out.text and "h100" in out.text
+    out = Out()
+    assert cmd.cmd_stats(out, as_json=True, cache=store) == 0
+    data = json.loads(out.text)
+    assert data["entries"] == 8 and data["by_backend"]["fused"] == 6
+    out = Out()
+    assert cmd.cmd_stats(out, tty=True, cache=store) == 0
+    assert "probe cache" in out.text and "┃" in out.text  # a rich table
+
+
+def test_list(filled):
+    store, _ = filled
+    out = Out()
+    assert cmd.cmd_list(out, limit=3, cache=store) == 0
+    assert len(out) == 4 and out[0].startswith("config\tbackend")
+    out = Out()
+    assert cmd.cmd_list(out, limit=0, backend="flash", as_json=True, cache=store) == 0
+    rows = json.loads(out.text)
+    assert [r["backend"] for r in rows] == ["flash"]
+    out = Out()
+    assert cmd.cmd_list(out, tty=True, cache=store) == 0 and "most recent" in out.text
+
+
+def test_show(filled):
+    store, cfg = filled
+    out = Out()
+    assert cmd.cmd_show(cfg.key()[:8], out, cache=store) == 0
+    assert out[0] == f"config {cfg.key()}" and "note" not in out.text
+    assert "fused: " in out.text and "head_dim.too_large" in out.text
+    out = Out()
+    assert cmd.cmd_show(cfg.key().upper(), out, as_json=True, cache=store) == 0
+    data = json.loads(out.text)
+    assert data["config_check"] == "ok" and len(data["rows"]) == 3
+    assert cmd.cmd_show("abc", Out(), cache=store) == 2  # too short
+    assert cmd.cmd_show("zzzzzzzzzz", Out(), cache=store) == 2  # not hex
+    assert cmd.cmd_show("0" * 10, Out(), cache=store) == 1  # nothing there
+    # an ambiguous prefix
+    store.put(key(0)._replace(config_key=cfg.key()[:8] + "0" * 56), result(1))
+    store.put(key(0)._replace(config_key=cfg.key()[:8] + "1" * 56), result(1))
+    out = Out()
+    assert cmd.cmd_show(cfg.key()[:8], out, cache=store) == 2 and "matches 3 configs" in out[0]
+
+
+def test_export_import_merge(filled, tmp_path):
+    store, _ = filled
+    out = Out()
+    assert cmd.cmd_export(str(tmp_path / "e.jsonl"), out, cache=store) == 0
+    assert out == [f"exported 8 rows to {tmp_path / 'e.jsonl'}"]
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    out = Out()
+    assert cmd.cmd_import(str(tmp_path / "e.jsonl"), out, cache=fresh) == 0
+    assert out[0].startswith("imported 8, skipped 0")
+    out = Out()
+    assert cmd.cmd_import(str(tmp_path / "e.jsonl"), out, as_json=True, cache=fresh) == 0
+    assert json.loads(out.text)["skipped"] == 8
+    (tmp_path / "bad.jsonl").write_text("nonsense\n")
+    out = Out()
+    assert cmd.cmd_import(str(tmp_path / "bad.jsonl"), out, cache=fresh) == 1
+    assert "rejected" in out.text
+    assert cmd.cmd_import(str(tmp_path / "missing.jsonl"), Out(), cache=fresh) == 1
+    out = Out()
+    assert cmd.cmd_merge(str(tmp_path / "e.jsonl"), str(fresh.path),
+                         str(tmp_path / "m.sqlite"), out) == 0  # fmt: skip
+    assert "wrote 8 rows" in out[0]
+    out = Out()
+    assert cmd.cmd_merge(str(tmp_path / "e.jsonl"), str(fresh.path),
+                         str(tmp_path / "m.sqlite"), out) == 1  # fmt: skip
+    assert "already exists" in out[0]
+
+
+def test_prune_and_clear(filled, monkeypatch):
+    store, _ = filled
+    assert cmd.cmd_prune(Out(), cache=store) == 2
+    assert cmd.cmd_prune(Out(), not_version="nope", cache=store) == 2
+    out = Out()
+    assert cmd.cmd_prune(out, older_than=3600, cache=store) == 0 and out == ["pruned 0 rows"]
+    from te_fl_attention.selector import default_selector
+
+    # "current": what this installation writes now for a catalog GPU (or the local machine)
+    current = default_selector().keys.versions(profile("h100"))
+    store.put(key(99)._replace(versions_key=current), result(99))
+    staged = default_selector().keys.versions(profile("h100"), "verify")  # a verify-stage row
+    store.put(key(98)._replace(versions_key=staged), result(98))
+    out = Out()
+    assert cmd.cmd_prune(out, not_version="current", cache=store) == 0
+    assert out == ["pruned 8 rows"] and len(store) == 2
+    out = Out()
+    assert cmd.cmd_clear(out, cache=store) == 2 and "without --yes" in out[0]
+    out = Out()
+    assert cmd.cmd_clear(out, yes=True, cache=store) == 0 and out == ["cleared 2 rows"]
+    assert len(store) == 0
+
+
+def test_argparse_tree():
+    parser = argparse.ArgumentParser(prog="te-fl-attn")
+    sub = parser.add_subparsers(dest="command")
+    cmd.add_cache_parser(sub)
+    default_cache().put(key(1), result(1))
+    cases = [
+        (["cache", "path"], 0, str(default_cache().path)),
+        (["cache", "stats", "--json"], 0, '"entries": 1'),
+        (["cache", "list", "--limit", "5", "--backend", "fused"], 0, "fused"),
+        (["cache", "show", key(1).config_key[:12]], 0, "fused: "),
+        (["cache", "prune", "--older-than", "30d"], 0, "pruned 0 rows"),
+        (["cache", "prune", "--not-version", "f" * 64], 0, "pruned 1 rows"),
+        (["cache", "clear", "--yes"], 0, "cleared 0 rows"),
+    ]
+    for argv, code, expect in cases:
+        args = parser.parse_args(argv)
+        out = Out()
+        assert args.func(args, out) == code, argv
+        assert expect in out.text, (argv, out.text)
+    for argv in (["cache"], ["cache", "prune", "--older-than", "soon"], ["cache", "clear", "x"],
+                 ["cache", "merge", "a", "b"], ["cache", "list", "--backend", "cuda"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
