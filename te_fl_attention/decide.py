@@ -60,10 +60,13 @@ def decide(config: FusedAttnConfig, device: DeviceProfile, results: Iterable[Pro
     drift = {r.backend: r.detail["rule_drift"] for r in raw if r.detail.get("rule_drift")}
     if drift:
         detail["rule_drift"] = drift
-    return Decision(config=config, device=device, chosen=chosen, results=seen,
-                    policy=policy.to_dict(), source=source, order=order, detail=detail)
+    out = _new(Decision)  # the frozen dataclass's __init__ is 8 setattr calls: set them at once
+    out.__dict__.update(config=config, device=device, chosen=chosen, results=seen,
+                        policy=policy.to_dict(), source=source, order=order, detail=detail)
+    return out
 
 
+_new = object.__new__
 _ORDERS: dict[tuple[Policy, int | None, int], tuple[str, ...]] = {}
 
 

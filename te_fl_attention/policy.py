@@ -202,13 +202,18 @@ class Policy:
 
     def _waived(self) -> frozenset[str]:
         """Reason codes this policy lifts: NVTE_UnfusedDPA_Emulate_FP8=1 lifts unfused's FP8
-        refusal; with FA3 disabled, TE no longer drops FA4 "to prefer FA3" on sm90."""
-        codes = set()
-        if self.unfused_fp8_emulation:
-            codes.add(FP8_EMULATION_CODE)
-        if "fa3" in self.off:
-            codes.add(FA4_PREFERS_FA3_CODE)
-        return frozenset(codes)
+        refusal; with FA3 disabled, TE no longer drops FA4 "to prefer FA3" on sm90. (Computed
+        once: the policy is frozen.)"""
+        cached = self.__dict__.get("_waived_codes")
+        if cached is None:
+            codes = set()
+            if self.unfused_fp8_emulation:
+                codes.add(FP8_EMULATION_CODE)
+            if "fa3" in self.off:
+                codes.add(FA4_PREFERS_FA3_CODE)
+            cached = frozenset(codes)
+            object.__setattr__(self, "_waived_codes", cached)
+        return cached
 
     @staticmethod
     def _waive(result: ProbeResult, codes: frozenset[str]) -> ProbeResult:
@@ -223,17 +228,20 @@ class Policy:
         result = self._waive(result, waived)
         if result.variants:
             variants = []
+            forced_flavour = _candidate(self.force or "") == result.backend != self.force
             for v in result.variants:
                 v = self._waive(v, waived)
                 why = self._disabled(v.backend)
-                if why is None and _candidate(self.force or "") == result.backend != self.force \
-                        and v.backend != self.force:  # fmt: skip
+                if why is None and forced_flavour and v.backend != self.force:
                     why = Reason("policy.not_forced", f"force={self.force} excludes {v.backend}",
                                  "policy", observed=v.backend, limit=self.force)  # fmt: skip
                 variants.append(dataclasses.replace(v, supported=False, reasons=(why, *v.reasons))
                                 if why else v)  # fmt: skip
+            why = self._disabled(result.backend)
+            if why is None and not forced_flavour and all(
+                    a is b for a, b in zip(variants, result.variants, strict=True)):
+                return result  # nothing for the policy to change
             supported = any(v.supported for v in variants)
-            why = self._disabled("flash")
             if why:
                 reasons: tuple[Reason, ...] = (why, *result.reasons)
             elif supported:

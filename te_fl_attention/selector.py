@@ -41,6 +41,11 @@ class Selector:
         self._lock = threading.Lock()
         self.stats = {"memo_hits": 0, "cache_hits": 0, "probes": 0}
         self._keys: Any = None
+        #: (device fingerprint, versions key) -> the store's rows of that slice, undecoded
+        #: (``load_slice``), or None when the store answers per config only.
+        self._slices: dict[tuple[str, str], dict | None] = {}
+        #: Per device: the slice's stored configs -> their keys (an equal config needs no key()).
+        self._known: dict[DeviceProfile, dict[FusedAttnConfig, str]] = {}
         self._staged: dict[tuple, ProbeResult] = {}
 
     @property
@@ -68,28 +73,81 @@ class Selector:
     def prepare(self, device: DeviceProfile | str | None = None) -> None:
         """Start-up work, done once so the first selection is a lookup: resolve the device,
         digest the probes, compute the device's cache-key parts, open the store and ready its
-        lookups (``warm_up``: compiled statements, the top of the table, the decoder), and parse
-        the environment's policy (what :meth:`decide` uses by default). The probes' rules run
-        once too (what they load once per process: package metadata, validators, parsed
-        versions), since every cache hit is held to them (:func:`narrow`)."""
+        lookups (``warm_up``: compiled statements, the top of the table, the decoder), read the
+        device's slice of the store in one query (``load_slice``), parse the environment's
+        policy (what :meth:`decide` uses by default), and run the per-selection steps a few
+        times on a made-up config and made-up results (the rule stage every hit is held to,
+        the decision, the key), so the interpreter has specialised them before the first real
+        selection. Probes nothing and reads no real row twice."""
         dev = profile(device)
-        sample = FusedAttnConfig()
-        self._cache_keys(sample, dev)
-        for p in self.probes:
-            try:
-                p.rules(sample, dev)
-            except Exception:  # noqa: BLE001, S112 - a broken probe is reported when it decides
-                continue
+        pol = Policy.from_env()
+        rows = None
         if self.cache is not None:
             warm_up = getattr(self.cache, "warm_up", None)
             if warm_up is not None:
                 warm_up()
             else:  # a store of the user's without it: at least open it
                 len(self.cache)
-        Policy.from_env()
+            rows = self._slice(dev)
+        stored: dict[str, list[ProbeResult]] = {}  # a few real rows per candidate, left in place
+        for (_, name), row in (rows or {}).items():
+            if isinstance(row, ProbeResult) and len(stored.setdefault(name, [])) < 4:
+                stored[name].append(row)
+        for i in range(8):  # a few runs: the interpreter specialises code that ran a few times
+            sample = FusedAttnConfig(**_SAMPLES[i % len(_SAMPLES)])
+            self._cache_keys(sample, dev)
+            held = []
+            for p in self.probes:
+                try:
+                    reasons = p.rules(sample, dev)
+                    some = stored.get(p.name)
+                    row = some[i % len(some)] if some else _made_up(p.name, not reasons)
+                    held.append(narrow(p, row, sample, dev) or row)
+                except Exception:  # noqa: BLE001, S112 - a broken probe is reported when it decides
+                    continue
+            decide(sample, dev, held, pol, source="cache")
 
     def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
-        return self.keys.keys(config, device, [p.name for p in self.probes])
+        known = self._known.get(device)
+        ck = known.get(config) if known else None
+        return self.keys.keys(config, device, [p.name for p in self.probes], config_key=ck)
+
+    def _slice(self, device: DeviceProfile) -> dict | None:
+        """The store's rows for ``device`` and this process's software stack, read in one query
+        the first time (``load_slice``; ``None``: the store answers per config)."""
+        key = (device.fingerprint(), self.keys.versions(device))
+        try:
+            return self._slices[key]
+        except KeyError:
+            pass
+        load = getattr(self.cache, "load_slice", None)
+        rows = load(*key) if load is not None and hasattr(self.cache, "decode_row") else None
+        known = _known_configs(getattr(rows, "configs", None) or {})
+        with self._lock:
+            self._slices[key] = rows
+            if known:
+                self._known[device] = known
+        return rows
+
+    def _lookup(self, keys: dict[str, Any], device: DeviceProfile) -> dict[Any, ProbeResult]:
+        """The stored results for ``keys``: from the device's slice (a large one's rows decoded
+        now, on first use), then one store query for what the slice lacks (rows written since it
+        was read, rows that did not decode)."""
+        rows = self._slice(device)
+        if rows is None:
+            return self.cache.get_many(list(keys.values()))  # type: ignore[union-attr]
+        found, missing = {}, []
+        decode = self.cache.decode_row  # type: ignore[union-attr]
+        for name, k in keys.items():
+            raw = rows.pop((k[0], name), None)  # used once: the result memo keeps it
+            result = decode(k, raw) if raw is not None else None
+            if result is None:
+                missing.append(k)
+            else:
+                found[k] = result
+        if missing:
+            found.update(self.cache.get_many(missing))  # type: ignore[union-attr]
+        return found
 
     def probe_all(self, config: FusedAttnConfig, device: DeviceProfile
                   ) -> tuple[tuple[ProbeResult, ...], str]:  # fmt: skip
@@ -101,7 +159,7 @@ class Selector:
         if hit is not None:
             return hit, "memo"
         keys = self._cache_keys(config, device) if self.cache is not None else {}
-        found = self.cache.get_many(list(keys.values())) if keys else {}
+        found = self._lookup(keys, device) if keys else {}
         results, fresh = [], []
         for p in self.probes:
             result = found.get(keys[p.name]) if found else None
@@ -184,6 +242,8 @@ class Selector:
             self._memo.clear()
             self._results.clear()
             self._staged.clear()
+            self._slices.clear()
+            self._known.clear()
 
     # ------------------------------------------------------------------ verification, measurement
     def _stage(self, stage: str, config: FusedAttnConfig, device: DeviceProfile,
@@ -263,6 +323,42 @@ def narrow(probe: Probe, cached: ProbeResult, config: FusedAttnConfig, device: D
     if not reasons:
         return cached
     return ProbeResult(probe.name, False, tuple(reasons), reasons[0].stage, "rules")
+
+
+def _known_configs(configs: dict[str, str]) -> dict[FusedAttnConfig, str]:
+    """A slice's stored configs (``{config_key: config JSON}``) as ``{config: config_key}``,
+    each parsed and checked as any config from outside is, and kept only when its key is the
+    one stored (so a lookup by an equal config may skip ``key()``)."""
+    out: dict[FusedAttnConfig, str] = {}
+    for ck, text in configs.items():
+        try:
+            config = FusedAttnConfig.from_json(text)
+        except (ValueError, TypeError):
+            continue
+        if config.key() == ck:
+            out[config] = ck
+    return out
+
+
+#: The configs :meth:`Selector.prepare` dry-runs (common kinds: GQA causal training, MHA
+#: without a mask, cross-attention inference, fp16 with a bottom-right mask).
+_SAMPLES = (
+    dict(num_heads=32, num_gqa_groups=8, max_seqlen_q=4096, max_seqlen_kv=4096,
+         attn_mask_type="causal"),
+    dict(num_heads=16, max_seqlen_q=128, max_seqlen_kv=128),
+    dict(num_heads=16, num_gqa_groups=1, max_seqlen_q=1, max_seqlen_kv=2048, is_training=False),
+    dict(num_heads=24, num_gqa_groups=4, head_dim_qk=192, head_dim_v=128, dtype="fp16",
+         max_seqlen_q=2048, max_seqlen_kv=4096, attn_mask_type="causal_bottom_right"),
+)  # fmt: skip
+
+
+def _made_up(name: str, supported: bool) -> ProbeResult:
+    """A result of candidate ``name`` for :meth:`Selector.prepare`'s dry runs (never stored)."""
+    flavours = backends.precedence(name)
+    if not flavours:
+        return ProbeResult(name, supported, evidence="prepare")
+    return combine_variants(name, tuple(ProbeResult(f, supported, evidence="prepare")
+                                        for f in flavours))
 
 
 def probe_error(backend: str, exc: BaseException) -> ProbeResult:

@@ -15,7 +15,9 @@ from .rows import CacheRow
 @runtime_checkable
 class Store(Protocol):
     """What the selector needs: batched reads and writes (failures are misses, never raise).
-    ``warm_up()`` (ready the lookups before the first one) is used when a store has it."""
+    Used when a store has them: ``warm_up()`` (ready the lookups before the first one), and
+    ``load_slice(device_fp, versions_key)`` + ``decode_row(key, row)`` (a job's rows for
+    one device and software stack in one query, decoded on first use)."""
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]: ...
 

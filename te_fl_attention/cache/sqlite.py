@@ -83,6 +83,33 @@ _INSERT_CFG = "INSERT INTO configs (config_key, config) VALUES (?,?) ON CONFLICT
 _RESULT_UTF8 = "CASE WHEN typeof(result) = 'text' THEN CAST(result AS BLOB) END"
 _GET = f"SELECT crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _GET_CONFIG = f"SELECT backend, crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND ctx=?"
+_GET_SLICE = f"SELECT config_key, backend, crc, {_RESULT_UTF8} FROM probes WHERE ctx=? LIMIT ?"
+_GET_SLICE_CONFIGS = (
+    "SELECT p.config_key, p.backend, p.crc, CASE WHEN typeof(p.result) = 'text' THEN"
+    " CAST(p.result AS BLOB) END, g.config FROM probes p LEFT JOIN configs g"
+    " ON g.config_key = p.config_key WHERE p.ctx=? LIMIT ?"
+)
+
+
+class Slice(dict):
+    """A job's slice (:meth:`ProbeCache.load_slice`): ``{(config_key, backend): row}``, and
+    ``configs``: the stored config JSON of each config key (read with a decoded slice only)."""
+
+    configs: dict[str, str]
+
+    def __init__(self, rows: dict, configs: dict[str, str] | None = None) -> None:
+        super().__init__(rows)
+        self.configs = configs or {}
+
+#: A job's slice (every row of one device fingerprint and versions key) is read in one query
+#: only from a store file of at most this many bytes (the query scans the table: the store has
+#: no index on the context) and when it holds at most :data:`SLICE_MAX_ROWS` rows; otherwise
+#: lookups stay per config.
+SLICE_MAX_BYTES = 256 << 20
+SLICE_MAX_ROWS = 200_000
+#: A slice of at most this many rows is decoded in one pass when it is read; a larger one keeps
+#: the stored bytes and decodes each row on first use.
+SLICE_BULK_DECODE = 8192
 _EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _ROWS = (
     "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.package_version, p.crc, p.result,"
@@ -170,6 +197,59 @@ class ProbeCache(SQLiteFile, BaseCache):
 
 
     # ---------------------------------------------------------------- reads
+    def decode_row(self, key: CacheKey, row: Any) -> ProbeResult | None:
+        """A row of :meth:`load_slice` as its result (``None``: a bad row, counted)."""
+        if type(row) is tuple:
+            return self._decode(key, row[0], row[1])
+        return row
+
+    def load_slice(self, device_fp: str, versions_key: str, *, max_rows: int | None = None,
+                   max_bytes: int | None = None) -> Slice | None:
+        """Every stored row of one (device fingerprint, versions key), in one query:
+        ``{(config_key, backend): row}``, each row a decoded :class:`ProbeResult` when the
+        slice has at most :data:`SLICE_BULK_DECODE` rows (decoded in one pass now, with the
+        slice's stored configs in ``Slice.configs``), else its stored ``(crc, utf8 bytes)`` for
+        :meth:`decode_row` on first use. A row whose checksum or
+        content is bad is left out (counted). ``None`` when the store cannot answer so (over
+        :data:`SLICE_MAX_BYTES` on disk or :data:`SLICE_MAX_ROWS` in the slice, rows held in
+        memory after a failed write, no readable file): look rows up per config then."""
+        if self._memo:
+            return None
+        ctx = ctx_id(device_fp, versions_key)
+        max_rows = SLICE_MAX_ROWS if max_rows is None else max_rows
+        max_bytes = SLICE_MAX_BYTES if max_bytes is None else max_bytes
+
+        bulk = min(SLICE_BULK_DECODE, max_rows)
+
+        def read(conn: sqlite3.Connection) -> list[Any] | None:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            size = conn.execute("PRAGMA page_size").fetchone()[0]
+            if pages * size > max_bytes:
+                return None
+            rows = conn.execute(_GET_SLICE_CONFIGS, (ctx, bulk + 1)).fetchall()
+            if len(rows) <= bulk:
+                return rows
+            return conn.execute(_GET_SLICE, (ctx, max_rows + 1)).fetchall()
+
+        rows = self.run(read, write=False, miss=None)
+        if rows is None or len(rows) > max_rows:
+            return None
+        if rows and len(rows[0]) == 4:  # a large slice: the stored bytes, decoded on first use
+            return Slice({(ck, b): (crc, data) for ck, b, crc, data in rows})
+        configs = {r[0]: r[4] for r in rows if type(r[4]) is str}
+        return Slice(self._bulk_decode([r[:4] for r in rows], device_fp, versions_key), configs)
+
+    def _bulk_decode(self, rows: list[Any], device_fp: str, versions_key: str
+                     ) -> dict[tuple[str, str], Any]:  # fmt: skip
+        """A slice's rows as results, all in one pass (each row parsed on its own: a row's text
+        can never be read as part of another's)."""
+        decode, out = self._decode, {}
+        for ck, b, crc, data in rows:
+            result = decode(CacheKey(ck, b, device_fp, versions_key), crc, data)
+            if result is not None:
+                out[(ck, b)] = result
+        return out
+
     def _decode(self, key: CacheKey, crc: Any, data: Any) -> ProbeResult | None:
         """The result of a ``_GET``/``_GET_CONFIG`` row (``data``: its UTF-8 bytes), or ``None``
         (counted, warned once) when its checksum or content is bad."""

@@ -50,6 +50,16 @@ class TieredCache:
     def warm_up(self) -> None:
         self.local.warm_up()
 
+    def load_slice(self, device_fp: str, versions_key: str, **limits: int
+                   ) -> dict[tuple[str, str], tuple] | None:  # fmt: skip
+        """The local store's slice (a key it lacks is then asked of both tiers by
+        :meth:`get_many`)."""
+        load = getattr(self.local, "load_slice", None)
+        return load(device_fp, versions_key, **limits) if load is not None else None
+
+    def decode_row(self, key: CacheKey, row: Any) -> ProbeResult | None:
+        return self.local.decode_row(key, row)  # type: ignore[union-attr]
+
     def get_rows(self, keys: Iterable[CacheKey]) -> dict[CacheKey, CacheRow]:
         return self.local.get_rows(keys)
 

@@ -1,0 +1,126 @@
+"""A job's slice of the store: every row of (device, software stack) read in one query, decoded
+on first use, so later configs are answered from memory; bounded, and never stale for rows that
+other processes write after it was read."""
+
+from __future__ import annotations
+
+import pytest
+
+from te_fl_attention import FusedAttnConfig, Policy, Selector
+from te_fl_attention.cache import ProbeCache
+from te_fl_attention.cache import sqlite as sqlite_store
+from te_fl_attention.device import profile
+from te_fl_attention.probes import default_probes
+
+DEV = profile("h100")
+CONFIGS = [FusedAttnConfig(head_dim_qk=d, head_dim_v=d, num_heads=h)
+           for d in (64, 128) for h in (8, 16, 32)]  # fmt: skip
+
+
+def _fill(path) -> list:
+    store = ProbeCache(path)
+    sel = Selector(default_probes(graph=False), cache=store)
+    decisions = [sel.decide(c, DEV, Policy()) for c in CONFIGS]
+    store.close()
+    return decisions
+
+
+def _selector(path) -> tuple[Selector, ProbeCache, list]:
+    store = ProbeCache(path)
+    calls: list = []
+    real = store.get_many
+    store.get_many = lambda keys: calls.append(list(keys)) or real(keys)  # type: ignore
+    return Selector(default_probes(graph=False), cache=store), store, calls
+
+
+def test_one_query_answers_every_config_of_the_job(tmp_path):
+    cold = _fill(tmp_path / "p.sqlite")
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    loads: list = []
+    real_load = store.load_slice
+    store.load_slice = lambda *a, **k: loads.append(a) or real_load(*a, **k)  # type: ignore
+    sel.prepare(DEV)
+    warm = [sel.decide(FusedAttnConfig(**c.to_dict()), DEV, Policy()) for c in CONFIGS]
+    assert [d.results for d in warm] == [d.results for d in cold]
+    assert {d.source for d in warm} == {"cache"}
+    assert len(loads) == 1 and calls == []  # one slice query, no per-config read
+    assert sel.stats == {"memo_hits": 0, "cache_hits": 4 * len(CONFIGS), "probes": 0}
+
+
+def test_a_row_written_after_the_slice_was_read_is_still_found(tmp_path):
+    _fill(tmp_path / "p.sqlite")
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    sel.prepare(DEV)
+    late = FusedAttnConfig(head_dim_qk=256, head_dim_v=256)
+    writer = ProbeCache(tmp_path / "p.sqlite")  # another process's store handle
+    Selector(default_probes(graph=False), cache=writer).decide(late, DEV, Policy())
+    writer.close()
+    d = sel.decide(late, DEV, Policy())
+    assert d.source == "cache" and sel.stats["probes"] == 0 and len(calls) == 1
+
+
+def test_a_slice_over_the_bound_falls_back_to_per_config_reads(tmp_path, monkeypatch):
+    _fill(tmp_path / "p.sqlite")
+    monkeypatch.setattr(sqlite_store, "SLICE_MAX_ROWS", 3)
+    store = ProbeCache(tmp_path / "p.sqlite")
+    assert store.load_slice(DEV.fingerprint(), "0" * 64) == {}  # another stack: empty slice
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    sel.prepare(DEV)
+    assert store.load_slice(DEV.fingerprint(), sel.keys.versions(DEV), max_rows=3) is None
+    assert store.load_slice(DEV.fingerprint(), sel.keys.versions(DEV), max_bytes=1) is None
+    d = sel.decide(CONFIGS[0], DEV, Policy())
+    assert d.source == "cache" and len(calls) == 1
+
+
+@pytest.mark.parametrize("damage", ["crc", "json"])
+def test_a_damaged_row_in_the_slice_is_a_miss_and_probed_again(tmp_path, damage):
+    _fill(tmp_path / "p.sqlite")
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "p.sqlite")
+    sql = "UPDATE probes SET crc = crc + 1 WHERE backend = 'unfused'" if damage == "crc" else \
+        "UPDATE probes SET result = '{' WHERE backend = 'unfused'"  # fmt: skip
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+    sel, store, _ = _selector(tmp_path / "p.sqlite")
+    sel.prepare(DEV)
+    d = sel.decide(CONFIGS[0], DEV, Policy())
+    assert sel.stats["probes"] == 1 and d.result("unfused").supported
+    assert store._bad_rows >= 1
+
+
+def test_a_large_slice_keeps_the_bytes_and_decodes_rows_on_first_use(tmp_path, monkeypatch):
+    cold = _fill(tmp_path / "p.sqlite")
+    monkeypatch.setattr(sqlite_store, "SLICE_BULK_DECODE", 2)
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    sel.prepare(DEV)
+    rows = sel._slice(DEV)
+    assert rows and all(type(r) is tuple for r in rows.values())  # not decoded yet
+    warm = [sel.decide(c, DEV, Policy()) for c in CONFIGS]
+    assert [d.results for d in warm] == [d.results for d in cold] and calls == []
+    assert rows == {}  # each row was handed over once; the result memo holds it now
+
+
+def test_stored_configs_that_do_not_match_their_key_are_not_trusted(tmp_path):
+    """The slice's stored config JSON only spares ``key()`` for a config equal to it; one edited
+    in the file (its key no longer matches) is ignored, and a config that matches no stored one
+    is keyed as always."""
+    import sqlite3
+
+    cold = _fill(tmp_path / "p.sqlite")
+    conn = sqlite3.connect(tmp_path / "p.sqlite")
+    edited = CONFIGS[1].replace(head_dim_qk=96, head_dim_v=96)  # claims CONFIGS[0]'s key
+    conn.execute("UPDATE configs SET config = ? WHERE config_key = ?",
+                 (edited.to_json(), CONFIGS[0].key()))  # fmt: skip
+    conn.execute("UPDATE configs SET config = '{' WHERE config_key = ?", (CONFIGS[2].key(),))
+    conn.commit()
+    conn.close()
+    sel, _, calls = _selector(tmp_path / "p.sqlite")
+    sel.prepare(DEV)
+    known = sel._known[DEV]
+    assert edited not in known and len(known) == len(CONFIGS) - 2
+    warm = [sel.decide(FusedAttnConfig(**c.to_dict()), DEV, Policy()) for c in CONFIGS]
+    assert [d.results for d in warm] == [d.results for d in cold] and calls == []
+    other = sel.decide(edited, DEV, Policy())  # not stored: probed, not answered by CONFIGS[0]
+    assert other.source == "probe"
