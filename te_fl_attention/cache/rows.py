@@ -611,3 +611,14 @@ def validate_context(obj: Any) -> dict[str, Any] | str:
         return "package_version must be a string of at most 128 characters"
     return {"device": device, "package_version": clean_text(pkg),
             "created_at": float(created or 0.0)}  # fmt: skip
+
+
+class Slice(dict):
+    """A job's slice (:meth:`.sqlite.ProbeCache.load_slice`): ``{(config_key, backend): row}``, and
+    ``configs``: the stored config JSON of each config key (read with a decoded slice only)."""
+
+    configs: dict[str, str]
+
+    def __init__(self, rows: dict, configs: dict[str, str] | None = None) -> None:
+        super().__init__(rows)
+        self.configs = configs or {}

@@ -45,6 +45,7 @@ from .rows import (
     CacheRow,
     OnConflict,
     PutItem,
+    Slice,
     ctx_id,
     dumps,
     loads_dict,
@@ -91,24 +92,11 @@ _GET_SLICE_CONFIGS = (
 )
 
 
-class Slice(dict):
-    """A job's slice (:meth:`ProbeCache.load_slice`): ``{(config_key, backend): row}``, and
-    ``configs``: the stored config JSON of each config key (read with a decoded slice only)."""
-
-    configs: dict[str, str]
-
-    def __init__(self, rows: dict, configs: dict[str, str] | None = None) -> None:
-        super().__init__(rows)
-        self.configs = configs or {}
-
-#: A job's slice (every row of one device fingerprint and versions key) is read in one query
-#: only from a store file of at most this many bytes (the query scans the table: the store has
-#: no index on the context) and when it holds at most :data:`SLICE_MAX_ROWS` rows; otherwise
-#: lookups stay per config.
+#: A job's slice (all rows of one device and versions key) is read in one query only from a
+#: file of at most SLICE_MAX_BYTES (the query scans: no index on the context) holding at most
+#: SLICE_MAX_ROWS such rows; at most SLICE_BULK_DECODE rows are decoded when read, more on use.
 SLICE_MAX_BYTES = 256 << 20
 SLICE_MAX_ROWS = 200_000
-#: A slice of at most this many rows is decoded in one pass when it is read; a larger one keeps
-#: the stored bytes and decodes each row on first use.
 SLICE_BULK_DECODE = 8192
 _EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _ROWS = (
