@@ -44,8 +44,6 @@ class Selector:
         #: (device fingerprint, versions key) -> the store's rows of that slice, undecoded
         #: (``load_slice``), or None when the store answers per config only.
         self._slices: dict[tuple[str, str], dict | None] = {}
-        #: Per device: the slice's stored configs -> their keys (an equal config needs no key()).
-        self._known: dict[DeviceProfile, dict[FusedAttnConfig, str]] = {}
         self._staged: dict[tuple, ProbeResult] = {}
 
     @property
@@ -108,9 +106,7 @@ class Selector:
             decide(sample, dev, held, pol, source="cache")
 
     def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
-        known = self._known.get(device)
-        ck = known.get(config) if known else None
-        return self.keys.keys(config, device, [p.name for p in self.probes], config_key=ck)
+        return self.keys.keys(config, device, [p.name for p in self.probes])
 
     def _slice(self, device: DeviceProfile) -> dict | None:
         """The store's rows for ``device`` and this process's software stack, read in one query
@@ -122,11 +118,8 @@ class Selector:
             pass
         load = getattr(self.cache, "load_slice", None)
         rows = load(*key) if load is not None and hasattr(self.cache, "decode_row") else None
-        known = _known_configs(getattr(rows, "configs", None) or {})
         with self._lock:
             self._slices[key] = rows
-            if known:
-                self._known[device] = known
         return rows
 
     def _lookup(self, keys: dict[str, Any], device: DeviceProfile) -> dict[Any, ProbeResult]:
@@ -243,7 +236,6 @@ class Selector:
             self._results.clear()
             self._staged.clear()
             self._slices.clear()
-            self._known.clear()
 
     # ------------------------------------------------------------------ verification, measurement
     def _stage(self, stage: str, config: FusedAttnConfig, device: DeviceProfile,
@@ -323,21 +315,6 @@ def narrow(probe: Probe, cached: ProbeResult, config: FusedAttnConfig, device: D
     if not reasons:
         return cached
     return ProbeResult(probe.name, False, tuple(reasons), reasons[0].stage, "rules")
-
-
-def _known_configs(configs: dict[str, str]) -> dict[FusedAttnConfig, str]:
-    """A slice's stored configs (``{config_key: config JSON}``) as ``{config: config_key}``,
-    each parsed and checked as any config from outside is, and kept only when its key is the
-    one stored (so a lookup by an equal config may skip ``key()``)."""
-    out: dict[FusedAttnConfig, str] = {}
-    for ck, text in configs.items():
-        try:
-            config = FusedAttnConfig.from_json(text)
-        except (ValueError, TypeError):
-            continue
-        if config.key() == ck:
-            out[config] = ck
-    return out
 
 
 #: The configs :meth:`Selector.prepare` dry-runs (common kinds: GQA causal training, MHA

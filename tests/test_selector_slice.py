@@ -100,27 +100,3 @@ def test_a_large_slice_keeps_the_bytes_and_decodes_rows_on_first_use(tmp_path, m
     warm = [sel.decide(c, DEV, Policy()) for c in CONFIGS]
     assert [d.results for d in warm] == [d.results for d in cold] and calls == []
     assert rows == {}  # each row was handed over once; the result memo holds it now
-
-
-def test_stored_configs_that_do_not_match_their_key_are_not_trusted(tmp_path):
-    """The slice's stored config JSON only spares ``key()`` for a config equal to it; one edited
-    in the file (its key no longer matches) is ignored, and a config that matches no stored one
-    is keyed as always."""
-    import sqlite3
-
-    cold = _fill(tmp_path / "p.sqlite")
-    conn = sqlite3.connect(tmp_path / "p.sqlite")
-    edited = CONFIGS[1].replace(head_dim_qk=96, head_dim_v=96)  # claims CONFIGS[0]'s key
-    conn.execute("UPDATE configs SET config = ? WHERE config_key = ?",
-                 (edited.to_json(), CONFIGS[0].key()))  # fmt: skip
-    conn.execute("UPDATE configs SET config = '{' WHERE config_key = ?", (CONFIGS[2].key(),))
-    conn.commit()
-    conn.close()
-    sel, _, calls = _selector(tmp_path / "p.sqlite")
-    sel.prepare(DEV)
-    known = sel._known[DEV]
-    assert edited not in known and len(known) == len(CONFIGS) - 2
-    warm = [sel.decide(FusedAttnConfig(**c.to_dict()), DEV, Policy()) for c in CONFIGS]
-    assert [d.results for d in warm] == [d.results for d in cold] and calls == []
-    other = sel.decide(edited, DEV, Policy())  # not stored: probed, not answered by CONFIGS[0]
-    assert other.source == "probe"

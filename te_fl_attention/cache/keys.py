@@ -190,10 +190,7 @@ class KeySpace:
         return CacheKey(config.key(), backend, device.fingerprint(), self.versions(device, stage))
 
     def keys(self, config: FusedAttnConfig, device: DeviceProfile, names: Iterable[str],
-             stage: str | None = None, *, config_key: str | None = None
-             ) -> dict[str, CacheKey]:  # fmt: skip
-        """``{name: key}`` for each backend/flavour name (``config_key``: ``config.key()``,
-        when the caller already knows it)."""
-        vk, fp = self.versions(device, stage), device.fingerprint()
-        ck = config_key if config_key is not None else config.key()
+             stage: str | None = None) -> dict[str, CacheKey]:  # fmt: skip
+        """``{name: key}`` for each backend/flavour name."""
+        vk, ck, fp = self.versions(device, stage), config.key(), device.fingerprint()
         return {n: CacheKey(ck, n, fp, vk) for n in names}

@@ -614,11 +614,5 @@ def validate_context(obj: Any) -> dict[str, Any] | str:
 
 
 class Slice(dict):
-    """A job's slice (:meth:`.sqlite.ProbeCache.load_slice`): ``{(config_key, backend): row}``, and
-    ``configs``: the stored config JSON of each config key (read with a decoded slice only)."""
-
-    configs: dict[str, str]
-
-    def __init__(self, rows: dict, configs: dict[str, str] | None = None) -> None:
-        super().__init__(rows)
-        self.configs = configs or {}
+    """A job's slice (:meth:`.sqlite.ProbeCache.load_slice`): ``{(config_key, backend): row}``,
+    each row a decoded result or its stored ``(crc, utf8 bytes)``."""

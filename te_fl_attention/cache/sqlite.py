@@ -85,11 +85,6 @@ _RESULT_UTF8 = "CASE WHEN typeof(result) = 'text' THEN CAST(result AS BLOB) END"
 _GET = f"SELECT crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _GET_CONFIG = f"SELECT backend, crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND ctx=?"
 _GET_SLICE = f"SELECT config_key, backend, crc, {_RESULT_UTF8} FROM probes WHERE ctx=? LIMIT ?"
-_GET_SLICE_CONFIGS = (
-    "SELECT p.config_key, p.backend, p.crc, CASE WHEN typeof(p.result) = 'text' THEN"
-    " CAST(p.result AS BLOB) END, g.config FROM probes p LEFT JOIN configs g"
-    " ON g.config_key = p.config_key WHERE p.ctx=? LIMIT ?"
-)
 
 
 #: A job's slice (all rows of one device and versions key) is read in one query only from a
@@ -195,9 +190,8 @@ class ProbeCache(SQLiteFile, BaseCache):
                    max_bytes: int | None = None) -> Slice | None:
         """Every stored row of one (device fingerprint, versions key), in one query:
         ``{(config_key, backend): row}``, each row a decoded :class:`ProbeResult` when the
-        slice has at most :data:`SLICE_BULK_DECODE` rows (decoded in one pass now, with the
-        slice's stored configs in ``Slice.configs``), else its stored ``(crc, utf8 bytes)`` for
-        :meth:`decode_row` on first use. A row whose checksum or
+        slice has at most :data:`SLICE_BULK_DECODE` rows (decoded in one pass now), else its
+        stored ``(crc, utf8 bytes)`` for :meth:`decode_row` on first use. A row whose checksum or
         content is bad is left out (counted). ``None`` when the store cannot answer so (over
         :data:`SLICE_MAX_BYTES` on disk or :data:`SLICE_MAX_ROWS` in the slice, rows held in
         memory after a failed write, no readable file): look rows up per config then."""
@@ -207,25 +201,19 @@ class ProbeCache(SQLiteFile, BaseCache):
         max_rows = SLICE_MAX_ROWS if max_rows is None else max_rows
         max_bytes = SLICE_MAX_BYTES if max_bytes is None else max_bytes
 
-        bulk = min(SLICE_BULK_DECODE, max_rows)
-
         def read(conn: sqlite3.Connection) -> list[Any] | None:
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             size = conn.execute("PRAGMA page_size").fetchone()[0]
             if pages * size > max_bytes:
                 return None
-            rows = conn.execute(_GET_SLICE_CONFIGS, (ctx, bulk + 1)).fetchall()
-            if len(rows) <= bulk:
-                return rows
             return conn.execute(_GET_SLICE, (ctx, max_rows + 1)).fetchall()
 
         rows = self.run(read, write=False, miss=None)
         if rows is None or len(rows) > max_rows:
             return None
-        if rows and len(rows[0]) == 4:  # a large slice: the stored bytes, decoded on first use
+        if len(rows) > SLICE_BULK_DECODE:  # the stored bytes, each decoded on first use
             return Slice({(ck, b): (crc, data) for ck, b, crc, data in rows})
-        configs = {r[0]: r[4] for r in rows if type(r[4]) is str}
-        return Slice(self._bulk_decode([r[:4] for r in rows], device_fp, versions_key), configs)
+        return Slice(self._bulk_decode(rows, device_fp, versions_key))
 
     def _bulk_decode(self, rows: list[Any], device_fp: str, versions_key: str
                      ) -> dict[tuple[str, str], Any]:  # fmt: skip
