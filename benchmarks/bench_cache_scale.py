@@ -2,7 +2,8 @@
 
 Builds a store of ``--n`` realistic rows (4 backends per config, flash with its 3 flavours, one
 config and device JSON per row), then measures 10k random ``get`` latencies, the import rate of
-a full export into a fresh store, and the file size per entry. Prints one line.
+a full export into a fresh store, the import rate of an SQLite pack of the same rows
+(``export --format sqlite``) into a fresh store, and the file size per entry. Prints one line.
 
     python benchmarks/bench_cache_scale.py --n 200000
 """
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from te_fl_attention.cache import CacheKey, ProbeCache, export, import_  # noqa: E402
 from te_fl_attention.cache.keys import versions_key  # noqa: E402
+from te_fl_attention.cache.pack import export_pack  # noqa: E402
 from te_fl_attention.cache.rows import CacheRow, make_row  # noqa: E402
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 from te_fl_attention.device import profile  # noqa: E402
@@ -81,6 +84,15 @@ def _rows(n: int, seed: int, out_keys: list[CacheKey]) -> Iterator[list[CacheRow
         yield batch
 
 
+def _count(path: Path) -> int:
+    """Rows in a store, read back with a connection of its own."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM probes").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="entries (default 1,000,000)")
@@ -129,12 +141,25 @@ def main() -> None:
     report = import_(fresh, root / "export.jsonl")
     import_s = time.perf_counter() - t0
     fresh.close()
+    store = ProbeCache(root / "store.sqlite")
+    packed = export_pack(store, root / "export.pack")  # an SQLite pack of the same rows
+    store.close()
+    fresh = ProbeCache(root / "fresh-pack.sqlite")
+    len(fresh)  # create the empty store outside the timed region (as for the JSONL import)
+    t0 = time.perf_counter()
+    pack_report = import_(fresh, root / "export.pack")
+    pack_s = time.perf_counter() - t0
+    same = _count(root / "fresh-pack.sqlite") == args.n
+    fresh.close()
     ok = report.imported == args.n and not report.rejected and exported == args.n and not misses
+    ok = ok and packed == args.n and pack_report.imported == args.n and same
+    ok = ok and not pack_report.rejected
     print(f"cache_scale n={args.n} get_p50_us={p50:.1f} get_p99_us={p99:.1f} "
-          f"import_per_s={args.n / import_s:.0f} bytes_per_entry={size / args.n:.0f} "
+          f"import_per_s={args.n / import_s:.0f} import_pack_per_s={args.n / pack_s:.0f} "
+          f"bytes_per_entry={size / args.n:.0f} "
           f"build_per_s={args.n / build_s:.0f} export_per_s={exported / export_s:.0f} "
           f"{'ok' if ok else 'MISMATCH'}{' json-only' if args.no_orjson else ''} "
-          "(targets: p99<=1000us, import>=100000/s)")  # fmt: skip
+          "(targets: p99<=1000us, import>=100000/s, import_pack>=250000/s)")  # fmt: skip
     tmp.cleanup()
 
 

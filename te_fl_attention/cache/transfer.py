@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 from .. import files as _files
 from ..reasons import ProbeResult
+from . import pack as _pack
 from .keys import CacheKey, package_version
 from .memory import MemoryCache
 from .reader import (
@@ -156,6 +157,8 @@ def import_(cache: Cache, path: str | os.PathLike[str] | IO[Any], *,
     """
     if isinstance(path, (str, os.PathLike)):
         _files.open_regular(path).close()  # missing, a FIFO, a device: an OSError now
+        if _pack.is_pack(path):  # an SQLite pack: copied with SQL (see .pack)
+            return _pack.import_pack(cache, path)
     store = getattr(cache, "local", cache)
     before = getattr(store, "in_memory_writes", 0)
     report = None
@@ -239,6 +242,12 @@ def _merge_into(store: ProbeCache, sources: Iterable[str | os.PathLike[str]],
                 report: MergeReport) -> None:  # fmt: skip
     for src in sources:
         rejected: list[tuple[int, str]] = []
+        if _pack.is_pack(src):  # an SQLite pack: copied with SQL, newer wins (see .pack)
+            done = _pack.merge_pack(store, src)
+            report.conflicts += done.conflicts
+            report.duplicates += done.duplicates
+            report.rejected.extend((str(src), n, r) for n, r in done.rejected)
+            continue
         with source(src) as items, gc_paused():
             batch: list[CacheRow] = []
             for row in checked_rows(items, rejected):

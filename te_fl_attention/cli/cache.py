@@ -242,13 +242,22 @@ def _config_check(config_key: str, config: Mapping[str, Any] | None) -> str:
 
 
 def cmd_export(file: str, out: Out = print, *, device_fp: str | None = None,
-               cache: Cache | None = None) -> int:  # fmt: skip
-    """Write the cache (or one device's rows) as JSON Lines."""
+               fmt: str = "jsonl", cache: Cache | None = None) -> int:  # fmt: skip
+    """Write the cache (or one device's rows) as JSON Lines, or (``fmt="sqlite"``) as an SQLite
+    pack, a new file (an existing one is refused)."""
+    from ..cache.pack import export_pack
     from ..cache.transfer import export
 
+    if fmt not in ("jsonl", "sqlite"):
+        _err(out, f"error: --format {fmt!r}: expected jsonl or sqlite")
+        return 2
     try:
-        _files.check_output_path(file)  # before the work: a path that cannot be written
-        n = export(_cache(cache), file, device_fp=device_fp)
+        _files.check_output_path(file, exist_ok=fmt == "jsonl")  # before the work
+        c = _cache(cache)
+        if fmt == "sqlite":
+            n = export_pack(getattr(c, "local", c), file, device_fp=device_fp)
+        else:
+            n = export(c, file, device_fp=device_fp)
     except _files.OutputPathError as exc:
         _err(out, f"error: {exc}")
         return 1
@@ -269,7 +278,8 @@ def _report_rejections(out: Out, rejected: Sequence[tuple[Any, ...]]) -> None:
 
 def cmd_import(file: str, out: Out = print, *, as_json: bool = False,
                cache: Cache | None = None) -> int:  # fmt: skip
-    """Import an export (or another store file); never overwrites stored rows."""
+    """Import an export, a pack (or another store file); never overwrites stored rows."""
+    from ..cache.pack import PackError
     from ..cache.transfer import import_
 
     c = _cache(cache)
@@ -279,6 +289,9 @@ def cmd_import(file: str, out: Out = print, *, as_json: bool = False,
         return 1
     try:
         report = import_(c, file)
+    except PackError as exc:
+        _err(out, f"error: refusing the pack {file}: {exc}; nothing was imported")
+        return 1
     except OSError as exc:
         _err(out, f"error: cannot read {file}: {exc.strerror or exc}" if exc.filename
             else f"error: cannot read {file}: {exc}")  # fmt: skip
@@ -414,13 +427,16 @@ def add_cache_parser(subparsers: Any) -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="every row of one config")
     sh.add_argument("key", help="config key, or a prefix of at least 8 hex characters")
     sh.add_argument("--json", action="store_true", help="machine-readable output")
-    ex = sub.add_parser("export", help="write the cache as JSON Lines")
+    ex = sub.add_parser("export", help="write the cache as JSON Lines or an SQLite pack")
     ex.add_argument("file")
+    ex.add_argument("--format", choices=("jsonl", "sqlite"), default="jsonl",
+                    help="jsonl (default: for people and diffs) or sqlite (a pack: moves rows "
+                    "between stores fast; a new file)")  # fmt: skip
     ex.add_argument("--device-fp", help="only rows of this device fingerprint")
-    im = sub.add_parser("import", help="import an export or another store (never overwrites)")
+    im = sub.add_parser("import", help="import an export, a pack or a store (never overwrites)")
     im.add_argument("file")
     im.add_argument("--json", action="store_true", help="machine-readable report")
-    mg = sub.add_parser("merge", help="merge two exports/stores into a new one")
+    mg = sub.add_parser("merge", help="merge two exports, packs or stores into a new one")
     mg.add_argument("a")
     mg.add_argument("b")
     mg.add_argument("-o", "--output", required=True, help="new store (or .jsonl export)")
@@ -453,7 +469,8 @@ def run_cache_command(args: argparse.Namespace, out: Out = print) -> int:
     if cmd == "show":
         return cmd_show(args.key, out, as_json=as_json)
     if cmd == "export":
-        return cmd_export(args.file, out, device_fp=args.device_fp)
+        return cmd_export(args.file, out, device_fp=args.device_fp,
+                          fmt=getattr(args, "format", "jsonl"))
     if cmd == "import":
         return cmd_import(args.file, out, as_json=as_json)
     if cmd == "merge":

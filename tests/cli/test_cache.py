@@ -127,6 +127,38 @@ def test_export_import_merge(filled, tmp_path):
     assert "already exists" in out[0]
 
 
+def test_export_import_merge_of_sqlite_packs(filled, tmp_path):
+    store, _ = filled
+    out = Out()
+    pk = tmp_path / "e.pack"
+    assert cmd.cmd_export(str(pk), out, fmt="sqlite", cache=store) == 0
+    assert out == [f"exported 8 rows to {pk}"]
+    out = Out()
+    assert cmd.cmd_export(str(pk), out, fmt="sqlite", cache=store) == 1  # a new file only
+    assert "already exists" in out.text
+    assert cmd.cmd_export(str(pk), Out(), fmt="xml", cache=store) == 2
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    out = Out()
+    assert cmd.cmd_import(str(pk), out, cache=fresh) == 0
+    assert out[0].startswith("imported 8, skipped 0")
+    out = Out()
+    assert cmd.cmd_import(str(pk), out, as_json=True, cache=fresh) == 0
+    assert json.loads(out.text)["skipped"] == 8
+    out = Out()
+    assert cmd.cmd_merge(str(pk), str(fresh.path), str(tmp_path / "m.sqlite"), out) == 0
+    assert "wrote 8 rows" in out[0] and "8 duplicates" in out[0]
+    import sqlite3
+
+    conn = sqlite3.connect(pk)
+    conn.execute("CREATE TRIGGER t AFTER INSERT ON meta BEGIN DELETE FROM meta; END")
+    conn.commit()
+    conn.close()
+    out = Out()
+    assert cmd.cmd_import(str(pk), out, cache=ProbeCache(tmp_path / "f2.sqlite")) == 1
+    assert "refusing the pack" in out.text and "trigger t" in out.text
+    assert "nothing was imported" in out.text
+
+
 def test_prune_and_clear(filled, monkeypatch):
     store, _ = filled
     assert cmd.cmd_prune(Out(), cache=store) == 2
@@ -160,6 +192,8 @@ def test_argparse_tree():
         (["cache", "stats", "--json"], 0, '"entries": 1'),
         (["cache", "list", "--limit", "5", "--backend", "fused"], 0, "fused"),
         (["cache", "show", key(1).config_key[:12]], 0, "fused: "),
+        (["cache", "export", "--format", "sqlite", str(default_cache().path) + ".pack"], 0,
+         "exported 1 rows"),
         (["cache", "prune", "--older-than", "30d"], 0, "pruned 0 rows"),
         (["cache", "prune", "--not-version", "f" * 64], 0, "pruned 1 rows"),
         (["cache", "clear", "--yes"], 0, "cleared 0 rows"),
@@ -170,6 +204,7 @@ def test_argparse_tree():
         assert args.func(args, out) == code, argv
         assert expect in out.text, (argv, out.text)
     for argv in (["cache"], ["cache", "prune", "--older-than", "soon"], ["cache", "clear", "x"],
-                 ["cache", "merge", "a", "b"], ["cache", "list", "--backend", "cuda"]):  # fmt: skip
+                 ["cache", "merge", "a", "b"], ["cache", "list", "--backend", "cuda"],
+                 ["cache", "export", "--format", "xml", "f"]):  # fmt: skip
         with pytest.raises(SystemExit):
             parser.parse_args(argv)

@@ -1,0 +1,663 @@
+"""SQLite packs: a self-contained SQLite file of rows, to move caches between stores fast.
+
+``te-fl-attn cache export --format sqlite`` writes one (:func:`export_pack`); ``cache import`` and
+``cache merge`` recognise one by its header (:func:`is_pack`: the SQLite magic and the pack's
+``application_id``) and copy its rows with SQL (:func:`import_pack`, :func:`merge_pack`).
+
+A pack is treated as hostile, as a JSON Lines export is:
+
+* Before any row is read: the file is a regular file (no FIFO or device), attached read-only,
+  passes ``quick_check``, its ``sqlite_master`` is exactly the pack schema (no extra table, index,
+  view or trigger), its ``application_id``/``user_version`` and ``meta`` name this format and a
+  version this package reads, its row count matches ``meta``, and every ``contexts`` row's id is
+  the one its (device, software stack) hashes to. Any failure refuses the whole pack (clear error,
+  nothing applied).
+* Each row, in SQL (the ``INSERT ... SELECT``'s ``WHERE``, :data:`ROW_WHERE`): the column checks
+  of the schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour
+  them): types via ``typeof``, key lengths, known backends, ranges (``created_at`` in [0, now +
+  :data:`.rows.MAX_CLOCK_SKEW_S`], ``elapsed_ms`` in [0, 1e9], ``crc`` 32-bit, ``supported`` 0/1),
+  sizes; its context is one of the checked ones. In Python (a registered SQLite function, one
+  call per row): the key's hex digits, the row checksum, and the validator's verdict on the
+  result, cached per distinct result text with its in-range ``elapsed_ms`` values masked (so the
+  full validator runs once per distinct result, not once per row; the stored ``supported`` and
+  ``stage`` columns must agree with it). A result the validator accepts only once cleaned (a
+  control character, a lone surrogate) goes through it again in full and is stored cleaned.
+  Config JSON: SQL ``json_valid``/``json_type``, and a Python test of its bytes (one object,
+  lists of scalars only, nothing escaped); any other config goes through the validator.
+* A row over :data:`.rows.MAX_ROW` bytes refuses the pack (rolled back: nothing applied). Other
+  failing rows are counted and skipped, with one warning; a write is reported from the counts
+  read inside the committed transaction.
+
+Conflicts follow the JSON Lines paths: an import never overwrites a stored row; a merge keeps the
+later ``created_at`` (a same-result row is a duplicate and leaves the stored one). The trust rule
+is unchanged: imported rows are evidence that the rule stage still narrows at use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from .. import files as _files
+from ._lifecycle import BUSY_TIMEOUT_S
+from .keys import CacheKey, known_backends, package_version
+from .memory import MemoryCache
+from .reader import ImportReport
+from .rows import (
+    MAX_CLOCK_SKEW_S,
+    MAX_ELAPSED_MS,
+    MAX_ROW,
+    MAX_STRING,
+    CacheRow,
+    ctx_id,
+    dumps,
+    row_crc,
+    row_crc_bytes,
+    row_params,
+    validate_flat,
+    validate_row,
+)
+from .sqlite import ProbeCache
+
+log = logging.getLogger("te_fl_attention.cache")
+
+PACK_FORMAT = "te-fl-attention-pack"
+PACK_VERSION = 1
+#: ``PRAGMA application_id`` of a pack ("TEFP"; stores are "TEFA").
+PACK_APPLICATION_ID = 0x54454650
+_MAGIC = b"SQLite format 3\x00"
+
+
+def _hex(col: str) -> str:
+    return (f"typeof({col}) = 'text' AND length({col}) = 64"
+            f" AND {col} NOT GLOB '*[^0-9a-f]*'")  # fmt: skip
+
+
+def _json_object(col: str, nullable: bool) -> str:
+    check = (f"typeof({col}) = 'text' AND length(CAST({col} AS BLOB)) <= {MAX_ROW}"
+             f" AND json_valid({col}) AND json_type({col}) = 'object'")  # fmt: skip
+    return f"({col} IS NULL OR ({check}))" if nullable else check
+
+
+def _backends() -> str:
+    return ", ".join(f"'{b}'" for b in known_backends())
+
+
+# Per-column checks, written against unqualified column names: the schema's CHECK constraints,
+# and (with the table's alias put in) the import's WHERE.
+PROBE_CHECKS: dict[str, str] = {
+    "config_key": _hex("config_key"),
+    "backend": f"typeof(backend) = 'text' AND backend IN ({_backends()})",
+    "ctx": "typeof(ctx) = 'integer' AND ctx >= 0",
+    "supported": "typeof(supported) = 'integer' AND supported IN (0, 1)",
+    "stage": f"typeof(stage) = 'text' AND length(CAST(stage AS BLOB)) <= {MAX_STRING}",
+    "elapsed_ms": f"typeof(elapsed_ms) = 'real' AND elapsed_ms BETWEEN 0 AND {MAX_ELAPSED_MS:.0f}",
+    "created_at": "typeof(created_at) = 'real' AND created_at >= 0 AND created_at < 1e11",
+    "package_version": "typeof(package_version) = 'text' AND length(package_version) <= 128"
+    " AND package_version NOT GLOB '*[^ -~]*'",  # printable ASCII (nothing to clean)
+    "crc": "typeof(crc) = 'integer' AND crc BETWEEN 0 AND 4294967295",
+    "result": (
+        f"{_json_object('result', False)}"
+        " AND json_extract(result, '$.backend') = backend"
+        " AND json_type(result, '$.supported') = CASE supported WHEN 1 THEN 'true' ELSE 'false' END"
+        " AND stage = coalesce(json_extract(result, '$.stage'), 'rule')"
+        " AND elapsed_ms = coalesce(json_extract(result, '$.elapsed_ms'), 0)"
+    ),
+}
+CONTEXT_CHECKS: dict[str, str] = {
+    "ctx": "typeof(ctx) = 'integer' AND ctx >= 0",
+    "device_fp": _hex("device_fp"),
+    "versions_key": _hex("versions_key"),
+    "device": _json_object("device", True),
+}
+CONFIG_CHECKS: dict[str, str] = {
+    "config_key": _hex("config_key"),
+    "config": _json_object("config", False),
+}
+
+
+#: The import's per-row SQL (the checks above, less the two that cost most per row and that
+#: Python makes anyway: the key's hex digits, and the result's JSON, which the validator's
+#: verdict covers, cached per distinct result text).
+ROW_WHERE: dict[str, str] = {
+    **PROBE_CHECKS,
+    "config_key": "typeof(config_key) = 'text' AND length(config_key) = 64",
+    "result": f"typeof(result) = 'text' AND length(CAST(result AS BLOB)) <= {MAX_ROW}",
+}
+CONFIG_WHERE: dict[str, str] = {
+    "config_key": "typeof(config_key) = 'text' AND length(config_key) = 64",
+    "config": f"typeof(config) = 'text' AND length(CAST(config AS BLOB)) <= {MAX_STRING}"
+    " AND json_valid(config) AND json_type(config) = 'object'",
+}
+
+
+def _ddl(name: str, columns: list[str], checks: dict[str, str], tail: str) -> str:
+    cols = ", ".join(f"{c} CHECK ({checks[c.split()[0]]})" if c.split()[0] in checks else c
+                     for c in columns)  # fmt: skip
+    return f"CREATE TABLE {name} ({cols}{tail}"
+
+
+#: The pack schema: exactly these tables (and their automatic indexes), nothing else.
+PACK_SCHEMA: dict[str, str] = {
+    "meta": "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "contexts": _ddl("contexts", ["ctx INTEGER PRIMARY KEY", "device_fp TEXT NOT NULL",
+                                  "versions_key TEXT NOT NULL", "device TEXT"],
+                     CONTEXT_CHECKS, ")"),  # fmt: skip
+    "configs": _ddl("configs", ["config_key TEXT PRIMARY KEY", "config TEXT NOT NULL"],
+                    CONFIG_CHECKS, ") WITHOUT ROWID"),  # fmt: skip
+    "probes": _ddl("probes", [
+        "config_key TEXT NOT NULL", "backend TEXT NOT NULL", "ctx INTEGER NOT NULL",
+        "supported INTEGER NOT NULL", "stage TEXT NOT NULL", "elapsed_ms REAL NOT NULL",
+        "created_at REAL NOT NULL", "package_version TEXT NOT NULL", "crc INTEGER NOT NULL",
+        "result TEXT NOT NULL"], PROBE_CHECKS,
+        ", PRIMARY KEY (config_key, backend, ctx)) WITHOUT ROWID"),  # fmt: skip
+}
+#: An ``elapsed_ms`` value in range written plainly (no sign, no exponent): the text of a result
+#: with these masked is the key of the verdict cache (any such value passes the validator).
+_ELAPSED = re.compile(rb'"elapsed_ms":[0-9]{1,9}(?:\.[0-9]{1,20})?(?=[,}])')
+_VERDICTS_MAX = 100_000
+
+
+_DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
+_HEX_DIGITS = "0123456789abcdef"
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]")
+
+
+def _suspect(data: bytes) -> bool:
+    """True if the JSON text ``data`` may hold what a test of its bytes cannot judge: an escape
+    (maybe of a control character or a surrogate, which the validator replaces), a raw DEL or C1
+    character, a run of 17 digits (maybe an integer beyond 64 bits), a 3-digit exponent (maybe
+    not finite), or more than :data:`.rows.MAX_STRING` bytes (maybe too long a string)."""
+    if (len(data) > MAX_STRING or b"\\u" in data or b"\\b" in data or b"\\f" in data
+            or b"\\r" in data or b"\x7f" in data or b"\xc2" in data):  # fmt: skip
+        return True
+    digits = data.translate(_DIGITS)
+    return (b"00000000000000000" in digits or b"e000" in digits or b"e+000" in digits
+            or b"e-000" in digits)  # fmt: skip
+
+
+def _flat_shape(data: bytes) -> bool:
+    """True if the JSON object text ``data`` (valid JSON: SQL checked it) can only be an object
+    of at most 256 fields whose values are scalars or lists of scalars (braces or brackets in
+    strings, or colons after escaped quotes, make it False: the validator decides)."""
+    if data.count(b"{") != 1 or data.count(b"}") != 1 or data.count(b'":') > 256:
+        return False
+    return not data.translate(None, _NOT_BRACKETS).replace(b"[]", b"")
+
+
+def _qualified(checks: dict[str, str], alias: str) -> str:
+    """The checks of one table as one SQL condition on ``alias``'s columns."""
+    names = sorted(checks, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w.'$])(" + "|".join(names) + r")(?![\w'(])")
+    parts = [pattern.sub(lambda m: f"{alias}.{m.group(1)}", text) for text in checks.values()]
+    return " AND ".join(f"({p})" for p in parts)
+
+
+# ------------------------------------------------------------------------------------- detection
+def is_pack(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` is a regular file with the SQLite header and the pack's application id
+    (a FIFO, device...: False, unread)."""
+    try:
+        with _files.open_regular(path) as f:
+            head = f.read(100)
+    except OSError:
+        return False
+    return head[:16] == _MAGIC and int.from_bytes(head[68:72], "big") == PACK_APPLICATION_ID
+
+
+class PackError(OSError):
+    """A pack that is refused as a whole (nothing applied)."""
+
+
+# ---------------------------------------------------------------------------------------- export
+def export_pack(cache: ProbeCache | MemoryCache, path: str | os.PathLike[str], *,
+                device_fp: str | None = None, exist_ok: bool = False) -> int:  # fmt: skip
+    """Write every row (or only ``device_fp``'s) as a pack; returns the number of rows.
+
+    Written to a temporary file in the target directory, flushed to disk and renamed (an existing
+    output is refused unless ``exist_ok``); the count reported is read back from the file.
+    """
+    out = Path(path)
+    with _files.atomic_output(out, exist_ok=exist_ok, mode=0o600) as tmp:
+        conn = sqlite3.connect(str(tmp), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=OFF")  # a temporary file: the rename commits it
+            conn.execute("PRAGMA synchronous=OFF")
+            conn.execute(f"PRAGMA application_id={PACK_APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version={PACK_VERSION}")
+            for ddl in PACK_SCHEMA.values():
+                conn.execute(ddl)
+            store = cache.path if isinstance(cache, ProbeCache) and cache.mode != "memo" else None
+            if store is not None and store.exists():
+                conn.execute("ATTACH ? AS src", (f"file:{quote(str(store))}?mode=ro",))
+            conn.execute("BEGIN")
+            if store is not None and store.exists():
+                _copy_store(conn, device_fp)
+            else:
+                _copy_rows(conn, cache, device_fp)
+            n = conn.execute("SELECT count(*) FROM probes").fetchone()[0]
+            conn.executemany("INSERT INTO meta (name, value) VALUES (?, ?)", [
+                ("format", PACK_FORMAT), ("format_version", str(PACK_VERSION)),
+                ("package_version", package_version()), ("rows", str(n)),
+                ("exported_at", repr(time.time())),
+            ])  # fmt: skip
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        check = sqlite3.connect(f"file:{quote(str(tmp))}?mode=ro", uri=True)
+        try:  # read back: report only what is in the file
+            found = check.execute("SELECT count(*) FROM probes").fetchone()[0]
+        finally:
+            check.close()
+        if found != n:
+            raise OSError(f"{tmp} holds {found} rows after writing {n}")
+    return int(n)
+
+
+def _crc_fn(ck: Any, backend: Any, fp: Any, vk: Any, text: Any) -> int | None:
+    """:func:`.rows.row_crc` for SQL (``None`` for values of other types)."""
+    if type(text) is not str or type(ck) is not str:
+        return None
+    try:
+        return row_crc(CacheKey(ck, backend, fp, vk), text)
+    except (TypeError, ValueError, UnicodeEncodeError):
+        return None
+
+
+def _copy_store(conn: sqlite3.Connection, device_fp: str | None) -> None:
+    """Copy the attached store's (``src``) readable rows (checksum right) with SQL; a row that
+    fails the pack's CHECK constraints is left out."""
+    conn.create_function("te_crc", 5, _crc_fn, deterministic=True)
+    where = "p.crc = te_crc(p.config_key, p.backend, c.device_fp, c.versions_key, p.result)"
+    args: list[Any] = []
+    if device_fp is not None:
+        where += " AND c.device_fp = ?"
+        args.append(device_fp)
+    conn.execute("INSERT OR IGNORE INTO contexts SELECT c.* FROM src.contexts c"
+                 + (" WHERE c.device_fp = ?" if device_fp is not None else ""), args)
+    conn.execute("INSERT OR IGNORE INTO probes SELECT p.* FROM src.probes p JOIN contexts c"
+                 f" ON c.ctx = p.ctx WHERE {where}", args)  # fmt: skip
+    conn.execute("INSERT OR IGNORE INTO configs SELECT g.* FROM src.configs g WHERE"
+                 " g.config_key IN (SELECT config_key FROM probes)")  # fmt: skip
+    conn.execute("DELETE FROM contexts WHERE ctx NOT IN (SELECT ctx FROM probes)")
+
+
+def _copy_rows(conn: sqlite3.Connection, cache: Any, device_fp: str | None) -> None:
+    """Copy rows read through the cache's API (a memory cache, a store kept in memory)."""
+    for row in cache.iter_rows(device_fp=device_fp):
+        p = row_params(row)
+        conn.execute("INSERT OR IGNORE INTO probes VALUES (?,?,?,?,?,?,?,?,?,?)", p)
+        device = dumps(row.device) if row.device is not None else None
+        conn.execute("INSERT INTO contexts VALUES (?,?,?,?) ON CONFLICT (ctx) DO UPDATE SET"
+                     " device = coalesce(contexts.device, excluded.device)",
+                     (p[2], row.key.device_fp, row.key.versions_key, device))  # fmt: skip
+        if row.config is not None:
+            conn.execute("INSERT OR IGNORE INTO configs VALUES (?, ?)",
+                         (row.key.config_key, dumps(row.config)))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- checks
+def _schema_problem(conn: sqlite3.Connection) -> str | None:
+    """Why the attached ``pk`` is not a pack this package reads, or ``None``."""
+    app = conn.execute("PRAGMA pk.application_id").fetchone()[0]
+    version = conn.execute("PRAGMA pk.user_version").fetchone()[0]
+    if app != PACK_APPLICATION_ID:
+        return "not a te_fl_attention pack (application id)"
+    objects = {(str(t), str(n), str(tbl)): q for t, n, tbl, q in conn.execute(
+        "SELECT type, name, tbl_name, sql FROM pk.sqlite_master")}  # fmt: skip
+    expected = {("table", n, n): ddl for n, ddl in PACK_SCHEMA.items()}
+    extra = sorted(f"{t} {n}" for t, n, _ in objects.keys() - expected.keys())
+    if extra:  # (WITHOUT ROWID and INTEGER PRIMARY KEY tables have no automatic index)
+        return f"unexpected schema objects: {', '.join(extra)[:300]}"
+    missing = sorted(n for _, n, _ in expected.keys() - objects.keys())
+    if missing:
+        return f"missing schema objects: {', '.join(missing)}"
+    for k, ddl in expected.items():
+        if objects[k] != ddl:
+            return f"table {k[1]} is not the pack's table"
+    meta = dict(conn.execute("SELECT CAST(name AS TEXT), CAST(value AS TEXT) FROM pk.meta"
+                             " LIMIT 16").fetchall())  # fmt: skip
+    if meta.get("format") != PACK_FORMAT:
+        return f"not a {PACK_FORMAT} file (format={str(meta.get('format'))[:60]!r})"
+    text = str(meta.get("format_version", ""))
+    if not text.isdigit():
+        return "meta format_version must be an integer"
+    if int(text) != PACK_VERSION or version != PACK_VERSION:
+        return (f"format_version {int(text) if version == PACK_VERSION else version} is not"
+                f" supported (this package reads {PACK_VERSION})")  # fmt: skip
+    rows = str(meta.get("rows", ""))
+    if not rows.isdigit():
+        return "meta rows must be an integer"
+    found = conn.execute("SELECT count(*) FROM pk.probes").fetchone()[0]
+    if found != int(rows):
+        return f"the pack holds {found} rows, its meta says {rows}"
+    return None
+
+
+@dataclass
+class _Pass:
+    """The Python half of the row checks: counts, the first problems, the refusal."""
+
+    passed: int = 0
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    slow: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    verdicts: dict[Any, Any] = field(default_factory=dict)  # masked text -> the verdict
+    slow_configs: list[Any] = field(default_factory=list)
+    last_ck: Any = None
+    refusal: str | None = None
+    seen: int = 0
+
+    def reject(self, reason: str) -> None:
+        self.seen += 1
+        self.rejected.append((self.seen, reason))
+
+    def row_ok(self, sql_ok: int, size: Any, ck: Any, backend: Any, ctx: Any, fp: Any, vk: Any,
+               crc: Any, supported: Any, stage: Any, data: Any) -> int:  # fmt: skip
+        """Called for each row of the pack: 1 to copy it with SQL (the quick path)."""
+        if type(size) is int and size > MAX_ROW:
+            self.refusal = f"a row of {size} bytes (limit {MAX_ROW})"
+            raise PackError(self.refusal)
+        if not sql_ok or (ck != self.last_ck and ck.strip(_HEX_DIGITS)):
+            self.reject("fails the pack's checks (types, ranges, sizes or context)")
+            return 0
+        self.last_ck = ck  # rows of one config come together: check its key once
+        key = CacheKey(ck, backend, fp, vk)
+        if row_crc_bytes(key, data) != crc:
+            self.reject("checksum mismatch")
+            return 0
+        # The verdict of the full validator, per distinct text (elapsed_ms values that any
+        # result may hold masked): another text never shares a verdict.
+        masked = (backend, _ELAPSED.sub(b'"elapsed_ms":0', data))
+        verdict = self.verdicts.get(masked)
+        if verdict is None:
+            if len(self.verdicts) >= _VERDICTS_MAX:
+                self.verdicts.clear()
+            verdict = self.verdicts[masked] = _verdict(key, data)
+        if verdict is False or verdict != (supported, stage):
+            self.slow.append((ck, backend, ctx))
+            return 0
+        self.seen += 1
+        self.passed += 1
+        return 1
+
+    def json_ok(self, sql_ok: int, ck: Any, data: Any) -> int:
+        """1 for a config JSON object (valid JSON: SQL checked it) the validator passes
+        unchanged: flat, nothing suspect; else 0, and the validator decides later."""
+        if not sql_ok or ck.strip(_HEX_DIGITS):
+            self.rejected.append((0, "a config row fails the pack's checks (dropped)"))
+            return 0
+        if type(data) is not bytes or _suspect(data) or not _flat_shape(data):
+            self.slow_configs.append(ck)
+            return 0
+        return 1
+
+
+def _verdict(key: CacheKey, data: bytes) -> tuple[int, str] | bool:
+    """``(supported as 0/1, stage)`` if the validator accepts this result unchanged for a row of
+    key ``key`` (the columns must agree), else ``False``."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    row = validate_row({"config_key": key[0], "backend": key[1], "device_fp": key[2],
+                        "versions_key": key[3], "result": obj})  # fmt: skip
+    if not isinstance(row, CacheRow) or row.result != obj:
+        return False
+    return (1 if obj["supported"] else 0), str(obj.get("stage", "rule"))
+
+
+def _contexts(conn: sqlite3.Connection) -> tuple[list[int], str | None]:
+    """The pack's context ids, or why the pack is refused (an id that is not the hash of its
+    device and software stack, a device JSON the validator refuses)."""
+    good: list[int] = []
+    where = _qualified(CONTEXT_CHECKS, "c")
+    for ctx, fp, vk, device, ok in conn.execute(
+            f"SELECT c.ctx, c.device_fp, c.versions_key, c.device, CASE WHEN {where} THEN 1"
+            " ELSE 0 END FROM pk.contexts c"):  # fmt: skip
+        if not ok or ctx != ctx_id(fp, vk):
+            return [], f"context {str(ctx)[:24]} is not the id of its device and software stack"
+        if device is not None:
+            checked = validate_flat(json.loads(device), "device")
+            if isinstance(checked, str):
+                return [], f"context {ctx}: {checked}"
+        good.append(int(ctx))
+    return good, None
+
+
+# ---------------------------------------------------------------------------------------- import
+@dataclass
+class PackResult:
+    """What copying a pack did (:func:`import_pack` / :func:`merge_pack`): rows written, rows
+    skipped (already stored), same-key conflicts and duplicates (merge), rejected rows."""
+
+    written: int = 0
+    skipped: int = 0
+    conflicts: int = 0
+    duplicates: int = 0
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+
+
+_COLUMNS = ("config_key, backend, ctx, supported, stage, elapsed_ms, created_at, package_version,"
+            " crc, result")  # fmt: skip
+_P_COLUMNS = ", ".join(f"p.{c.strip()}" for c in _COLUMNS.split(","))
+_UPDATE = ("supported=excluded.supported, stage=excluded.stage, elapsed_ms=excluded.elapsed_ms,"
+           " created_at=excluded.created_at, package_version=excluded.package_version,"
+           " crc=excluded.crc, result=excluded.result")  # fmt: skip
+_CONFLICT = {
+    "ignore": " ON CONFLICT DO NOTHING",
+    "newer": f" ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}"
+    " WHERE excluded.created_at > probes.created_at AND excluded.result != probes.result",
+}
+
+
+def _connect_store(store: ProbeCache) -> sqlite3.Connection:
+    """A connection of its own to the store's file (a pack's trouble never degrades the store)."""
+    conn = sqlite3.connect(f"file:{quote(str(store.path))}", uri=True, isolation_level=None,
+                           timeout=getattr(store, "busy_timeout_s", BUSY_TIMEOUT_S))  # fmt: skip
+    conn.execute("PRAGMA cache_size=-65536")
+    conn.execute("PRAGMA trusted_schema=OFF")  # schema objects may use innocuous functions only
+    return conn
+
+
+def _check_pack(conn: sqlite3.Connection) -> list[int]:
+    """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts."""
+    found = [str(r[0]) for r in conn.execute("PRAGMA pk.quick_check(5)")]
+    if found != ["ok"]:
+        raise PackError("integrity check failed: " + "; ".join(found)[:300])
+    problem = _schema_problem(conn)
+    if problem:
+        raise PackError(problem)
+    ctxs, problem = _contexts(conn)
+    if problem:
+        raise PackError(problem)
+    return ctxs
+
+
+def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
+    """Check and copy the attached pack's rows in one transaction (committed on return)."""
+    result = PackResult()
+    check = _Pass()
+    try:
+        conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
+        ctxs = _check_pack(conn)
+    except sqlite3.Error as exc:  # the pack, not the store: unreadable, not SQLite...
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("DETACH pk")
+        raise PackError(f"cannot read the pack: {exc}") from None
+    # (registered once the schema is known to be ours: no schema object can call them)
+    conn.create_function("te_pack_row", 11, check.row_ok)
+    conn.create_function("te_json_ok", 3, check.json_ok)
+    try:
+        max_created = time.time() + MAX_CLOCK_SKEW_S
+        sql_ok = (f"({_qualified(ROW_WHERE, 'p')}) AND p.created_at <= {max_created!r}"
+                  f" AND c.ctx IS NOT NULL AND p.ctx IN ({','.join(map(str, ctxs)) or 'NULL'})")
+        guarded = f"CASE WHEN {sql_ok} THEN 1 ELSE 0 END"
+        conn.execute("BEGIN IMMEDIATE")
+        before = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
+        conn.execute(
+            "INSERT INTO contexts (ctx, device_fp, versions_key, device) SELECT ctx, device_fp,"
+            " versions_key, device FROM pk.contexts WHERE true ON CONFLICT (ctx) DO UPDATE SET"
+            " device=excluded.device WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
+        )  # fmt: skip
+        if rule == "newer":
+            counts = conn.execute(
+                "SELECT sum(m.result = p.result), sum(m.result != p.result) FROM pk.probes p"
+                " JOIN main.probes m ON m.config_key = p.config_key AND m.backend = p.backend"
+                " AND m.ctx = p.ctx"
+            ).fetchone()  # fmt: skip
+            result.duplicates, result.conflicts = int(counts[0] or 0), int(counts[1] or 0)
+        conn.execute(
+            f"INSERT INTO probes ({_COLUMNS}) SELECT {_P_COLUMNS} FROM pk.probes p LEFT JOIN"
+            f" pk.contexts c ON c.ctx = p.ctx WHERE te_pack_row({guarded},"
+            " length(CAST(p.result AS BLOB)), p.config_key, p.backend, p.ctx, c.device_fp,"
+            " c.versions_key, p.crc, p.supported, p.stage, CAST(p.result AS BLOB))"
+            f"{_CONFLICT[rule]}"
+        )  # fmt: skip
+        passed = check.passed + _slow_rows(conn, rule, check)
+        _copy_configs(conn, check)
+        after = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        if check.refusal:
+            raise PackError(check.refusal) from None
+        raise
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("DETACH pk")
+    result.written = int(after - before)  # new keys (a merge's replaced rows are not counted)
+    result.skipped = max(0, passed - result.written)
+    result.rejected = check.rejected
+    return result
+
+
+def _slow_rows(conn: sqlite3.Connection, rule: str, check: _Pass) -> int:
+    """Rows the quick SQL test did not pass, through the full Python validator (which also
+    cleans strings); returns how many passed."""
+    sql = ("SELECT p.config_key, p.backend, c.device_fp, c.versions_key, p.created_at,"
+           " p.package_version, p.crc, CAST(p.result AS BLOB) FROM pk.probes p JOIN pk.contexts c"
+           " ON c.ctx = p.ctx WHERE p.config_key = ? AND p.backend = ? AND p.ctx = ?")  # fmt: skip
+    rows: list[tuple[Any, ...]] = []
+    for key in check.slow:
+        found = conn.execute(sql, key).fetchone()
+        if found is None:
+            continue
+        ck, backend, fp, vk, created, pkg, crc, data = found
+        if row_crc_bytes(CacheKey(ck, backend, fp, vk), data) != crc:
+            check.reject("checksum mismatch")
+            continue
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+            check.reject("result is not valid JSON")
+            continue
+        row = validate_row({"config_key": ck, "backend": backend, "device_fp": fp,
+                            "versions_key": vk, "result": obj, "created_at": created,
+                            "package_version": pkg})  # fmt: skip
+        if isinstance(row, str):
+            check.reject(row)
+            continue
+        check.seen += 1
+        rows.append(row_params(row))
+    if rows:
+        conn.executemany(f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+                         + _CONFLICT[rule], rows)  # fmt: skip
+    return len(rows)
+
+
+def _copy_configs(conn: sqlite3.Connection, check: _Pass) -> None:
+    """Config JSON (display only): the quick SQL test, else the Python validator; a bad one is
+    dropped (its rows stay) and counted."""
+    ok = _qualified(CONFIG_WHERE, "g")
+    quick = (f"te_json_ok(CASE WHEN {ok} THEN 1 ELSE 0 END, g.config_key,"
+             " CAST(g.config AS BLOB))")
+    conn.execute(f"INSERT INTO configs (config_key, config) SELECT g.config_key, g.config FROM"
+                 f" pk.configs g WHERE {quick} ON CONFLICT DO NOTHING")  # fmt: skip
+    sql = "SELECT config FROM pk.configs WHERE config_key = ?"
+    for ck in check.slow_configs:
+        text = conn.execute(sql, (ck,)).fetchone()[0]
+        try:
+            checked: Any = validate_flat(json.loads(text), "config")
+        except (ValueError, RecursionError, TypeError):
+            checked = "not a JSON object"
+        if not isinstance(checked, dict):
+            check.rejected.append((0, f"config {str(ck)[:16]}: {checked} (dropped)"))
+            continue
+        conn.execute("INSERT INTO configs (config_key, config) VALUES (?, ?) ON CONFLICT DO"
+                     " NOTHING", (ck, dumps(checked)))  # fmt: skip
+
+
+def _run(store: ProbeCache, pack: str | os.PathLike[str], rule: str) -> PackResult:
+    _files.open_regular(pack).close()  # missing, a FIFO, a device: an OSError now
+    if not is_pack(pack):
+        raise PackError(f"{os.fspath(pack)} is not a te_fl_attention pack")
+    conn = _connect_store(store)
+    try:
+        return _copy_pack(conn, Path(pack), rule)
+    finally:
+        conn.close()
+
+
+def import_pack(cache: Any, path: str | os.PathLike[str]) -> ImportReport:
+    """Import a pack into a store: never overwrites a stored row (as the JSON Lines import).
+
+    Raises :class:`PackError` for a refused pack (nothing applied); a store that cannot be
+    written (read-only, full disk) gives a report with every row ``not_written``.
+    """
+    store = getattr(cache, "local", cache)
+    report = ImportReport()
+    if not isinstance(store, ProbeCache):
+        raise PackError("a pack can only be imported into an SQLite store")
+    len(store)  # open (or create) the store with its checks
+    if store.mode != "rw":
+        report.problem = store.problem or "the store is read-only"
+        report.not_written = _rows_in(path)
+        return report
+    try:
+        done = _run(store, path, "ignore")
+    except sqlite3.Error as exc:  # the store could not be written: nothing was
+        report.problem = str(exc)
+        report.not_written = _rows_in(path)
+        return report
+    report.imported, report.skipped, report.rejected = done.written, done.skipped, done.rejected
+    if done.rejected:
+        n, reason = done.rejected[0]
+        log.warning("import of %s: %d row(s) rejected (first: row %d: %s)", path,
+                    len(done.rejected), n, reason[:200])  # fmt: skip
+    return report
+
+
+def _rows_in(path: str | os.PathLike[str]) -> int:
+    """The row count a pack's meta claims (0 if unreadable): for a report of what was not
+    written."""
+    try:
+        conn = sqlite3.connect(f"file:{quote(os.fspath(path))}?mode=ro", uri=True)
+        try:
+            value = conn.execute("SELECT value FROM meta WHERE name = 'rows'").fetchone()
+        finally:
+            conn.close()
+        return int(value[0]) if value and str(value[0]).isdigit() else 0
+    except sqlite3.Error:
+        return 0
+
+
+def merge_pack(store: ProbeCache, path: str | os.PathLike[str]) -> PackResult:
+    """Copy a pack's rows into a merge's store: the later ``created_at`` wins a conflict."""
+    len(store)
+    return _run(store, path, "newer")

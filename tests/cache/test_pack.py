@@ -1,0 +1,363 @@
+"""SQLite packs (:mod:`te_fl_attention.cache.pack`): export/import/merge, the conflict rules,
+hostile and corrupt packs, a store that cannot be written, concurrency and kill -9, and the trust
+rule (a pack row cannot widen what the local rules refuse)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from cache_testutil import FP, ROOT, VK, key, result
+
+from te_fl_attention.cache import ProbeCache, pack, transfer
+from te_fl_attention.cache.keys import CacheKey
+from te_fl_attention.cache.rows import MAX_ROW, row_crc
+from te_fl_attention.reasons import ProbeResult
+
+
+def _fill(store: ProbeCache, n: int, start: int = 0, *, created_at: float | None = None) -> None:
+    items = [(key(i, b), result(i, b), {"num_heads": i, "window": [-1, -1]},
+              {"name": "h100", "sm": 90}) for i in range(start, start + n)
+             for b in ("fused", "flash")]  # fmt: skip
+    store.put_many(items)
+    if created_at is not None:
+        store.run(lambda c: c.execute("UPDATE probes SET created_at = ?", (created_at,)),
+                  write=True, miss=None)  # fmt: skip
+
+
+def _rows(store: ProbeCache) -> dict[CacheKey, dict]:
+    return {r.key: r.to_dict() for r in store.iter_rows()}
+
+
+@pytest.fixture
+def packed(store, tmp_path):
+    _fill(store, 20)
+    path = tmp_path / "rows.pack"
+    assert pack.export_pack(store, path) == 40
+    return store, path
+
+
+def _edit(path, *sql: str, params=()) -> None:
+    """Change a pack file behind the exporter's back (CHECKs not enforced: a hostile writer)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA ignore_check_constraints=ON")
+    conn.execute("PRAGMA writable_schema=ON")
+    for i, q in enumerate(sql):
+        conn.execute(q, params if i == 0 else ())
+    conn.close()
+
+
+def _count(path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT count(*) FROM probes").fetchone()[0]
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------------------------ round trip
+def test_round_trip_keeps_rows_and_keys(packed, tmp_path):
+    store, path = packed
+    assert pack.is_pack(path) and not pack.is_pack(store.path)
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    report = transfer.import_(fresh, path)
+    assert (report.imported, report.skipped, report.rejected) == (40, 0, [])
+    assert _rows(fresh) == _rows(store)
+    assert {r.key for r in fresh.iter_rows()} == {r.key for r in store.iter_rows()}
+    assert fresh.get(key(4, "flash")) == result(4, "flash")
+    again = transfer.import_(fresh, path)
+    assert (again.imported, again.skipped) == (0, 40)
+    assert fresh.check_integrity() is None
+
+
+def test_export_writes_a_new_file_only_and_filters_by_device(store, tmp_path):
+    _fill(store, 3)
+    other = "ab" * 32
+    store.put(key(99, "fused", fp=other), result(99), device={"name": "a100"})
+    path = tmp_path / "a.pack"
+    assert pack.export_pack(store, path, device_fp=other) == 1
+    with pytest.raises(FileExistsError):
+        pack.export_pack(store, path)
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".a.pack")] == []
+    assert _count(path) == 1
+
+
+def test_the_pack_schema_carries_the_checks(packed):
+    _, path = packed
+    conn = sqlite3.connect(path)
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE probes SET created_at = -1")
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE probes SET result = '{\"backend\": \"evil\"}'")
+    conn.close()
+
+
+def test_import_never_overwrites_and_merge_keeps_the_newer(tmp_path):
+    old = ProbeCache(tmp_path / "old.sqlite")
+    _fill(old, 4, created_at=1000.0)
+    new = ProbeCache(tmp_path / "new.sqlite")
+    items = [(key(i, "fused"), ProbeResult("fused", False, evidence="newer")) for i in range(2, 6)]
+    new.put_many(items)
+    pa, pb = tmp_path / "a.pack", tmp_path / "b.pack"
+    pack.export_pack(old, pa)
+    pack.export_pack(new, pb)
+    target = ProbeCache(tmp_path / "t.sqlite")
+    transfer.import_(target, pa)
+    report = transfer.import_(target, pb)
+    assert (report.imported, report.skipped) == (2, 2)  # keys 4, 5 new; 2, 3 kept as stored
+    assert target.get(key(2, "fused")) == result(2, "fused")
+    merged = transfer.merge(pa, pb, tmp_path / "m.sqlite")
+    assert (merged.written, merged.conflicts, merged.duplicates) == (10, 2, 0)
+    m = ProbeCache(tmp_path / "m.sqlite", readonly=True)
+    assert m.get(key(2, "fused")).evidence == "newer"  # newer wins
+    assert m.get(key(1, "flash")) == result(1, "flash")
+    again = transfer.merge(pa, pa, tmp_path / "m2.sqlite")
+    assert (again.written, again.duplicates, again.conflicts) == (8, 8, 0)
+
+
+def test_merge_of_a_pack_and_a_jsonl_export(packed, tmp_path):
+    store, path = packed
+    transfer.export(store, tmp_path / "rows.jsonl")
+    report = transfer.merge(path, tmp_path / "rows.jsonl", tmp_path / "m.pack.sqlite")
+    assert report.written == 40 and report.duplicates == 40
+    report = transfer.merge(path, path, tmp_path / "m.jsonl")
+    assert report.written == 40
+
+
+# ----------------------------------------------------------------------------- rows that fail
+def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cache_log):
+    _, path = packed
+    k = [key(i, "fused") for i in range(5)]
+    one = " WHERE config_key = ? AND backend = 'fused'"
+    bad_crc = "UPDATE probes SET crc = crc + 1" + one
+    future = f"UPDATE probes SET created_at = {time.time() + 86400}" + one
+    evil = "UPDATE probes SET backend = 'evil'" + one
+
+    def resign(ck: str, res: dict) -> list[str]:
+        text = json.dumps(res)
+        crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
+        return [f"UPDATE probes SET result = '{text}', crc = {crc} WHERE config_key = '{ck}'"
+                " AND backend = 'fused'"]  # fmt: skip
+
+    _edit(path, bad_crc, params=(k[0][0],))
+    _edit(path, future, params=(k[1][0],))
+    _edit(path, evil, params=(k[2][0],))
+    unknown = {**result(3, "fused").to_dict(), "extra": 1}
+    _edit(path, *resign(k[3][0], unknown))
+    control = {**result(4, "fused").to_dict(), "evidence": "bell\u0007"}  # cleaned, accepted
+    _edit(path, *resign(k[4][0], control))
+    escape = "UPDATE probes SET package_version = '0.1' || char(27) || '[31m'" + one
+    _edit(path, escape, params=(key(5)[0],))
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    report = transfer.import_(fresh, path)
+    assert report.imported == 35 and len(report.rejected) == 5
+    reasons = " ".join(r for _, r in report.rejected)
+    assert "checksum" in reasons and "unknown field" in reasons
+    assert fresh.get(key(4, "fused")).evidence == "bell\ufffd"
+    assert fresh.get(key(1, "fused")) is None
+    assert len([m for m in cache_log.at(30) if "rejected" in m]) == 1
+
+
+# --------------------------------------------------------------------------------- hostile packs
+HOSTILE = {
+    "trigger": ["CREATE TRIGGER t AFTER INSERT ON meta BEGIN DELETE FROM meta; END"],
+    "view": ["CREATE VIEW v AS SELECT * FROM probes"],
+    "extra_table": ["CREATE TABLE extra (x)"],
+    "extra_index": ["CREATE INDEX i ON probes (created_at)"],
+    "newer_version": ["UPDATE meta SET value = '2' WHERE name = 'format_version'",
+                      "PRAGMA user_version = 2"],
+    "row_count": ["UPDATE meta SET value = '7' WHERE name = 'rows'"],
+    "no_checks": ["UPDATE sqlite_master SET sql = replace(sql, 'CHECK (typeof(crc)',"
+                  " 'CHECK ((typeof(crc)') WHERE name = 'probes'"],
+    "bad_context": ["UPDATE contexts SET ctx = ctx + 1", "UPDATE probes SET ctx = ctx + 1"],
+    "huge_row": [f"UPDATE probes SET result = result || '{' ' * (MAX_ROW + 10)}'"
+                 f" WHERE config_key = '{key(0)[0]}' AND backend = 'fused'"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_hostile_pack_is_refused_and_nothing_applied(packed, tmp_path, kind):
+    store, path = packed
+    _edit(path, *HOSTILE[kind])
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    with pytest.raises(pack.PackError):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 1 and fresh.check_integrity() is None
+    with pytest.raises(pack.PackError):
+        transfer.merge(path, store.path, tmp_path / "m.sqlite")
+    assert not (tmp_path / "m.sqlite").exists()
+
+
+def test_a_corrupt_or_truncated_pack_is_refused(packed, tmp_path):
+    _, path = packed
+    data = bytearray(path.read_bytes())
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    for name, blob in {"garbled": data[:4096] + os.urandom(len(data) - 4096),
+                       "truncated": data[: len(data) // 2]}.items():  # fmt: skip
+        bad = tmp_path / f"{name}.pack"
+        bad.write_bytes(bytes(blob))
+        with pytest.raises(pack.PackError):
+            transfer.import_(fresh, bad)
+    assert len(fresh) == 0
+
+
+def test_not_sqlite_and_fifos_are_not_packs(tmp_path):
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    (tmp_path / "noise").write_bytes(b"SQLite format 3\x00" + os.urandom(200))
+    assert not pack.is_pack(tmp_path / "noise")
+    report = transfer.import_(fresh, tmp_path / "noise")
+    assert report.imported == 0 and report.rejected
+    os.mkfifo(tmp_path / "fifo")
+    assert not pack.is_pack(tmp_path / "fifo")
+    with pytest.raises(OSError):
+        transfer.import_(fresh, tmp_path / "fifo")
+    with pytest.raises(OSError):
+        pack.import_pack(fresh, tmp_path / "fifo")
+
+
+# ------------------------------------------------------------------------- stores that fail
+def test_import_into_a_read_only_store_writes_nothing(packed, tmp_path):
+    from te_fl_attention.cli import cache as cmd
+
+    _, path = packed
+    target = tmp_path / "ro.sqlite"
+    ProbeCache(target).put(key(500), result(500))
+    out: list[str] = []
+    ro = ProbeCache(target, readonly=True)
+    assert cmd.cmd_import(str(path), out.append, cache=ro) == 1
+    assert "nothing was imported" in " ".join(out)
+    report = pack.import_pack(ro, path)
+    assert report.imported == 0 and report.not_written == 40
+    assert _count(target) == 1
+
+
+def test_import_into_a_full_store_reports_nothing_written(small_disk, tmp_path):
+    from te_fl_attention.cli import cache as cmd
+
+    src = ProbeCache(tmp_path / "src.sqlite")
+    big = {"detail": {"blob": "x" * 2000}}
+    src.put_many([(key(i), ProbeResult("fused", True, **big)) for i in range(2000)])
+    pack.export_pack(src, tmp_path / "big.pack")
+    store = ProbeCache(small_disk / "s.sqlite")
+    store.put(key(9999), result(9999))
+    out: list[str] = []
+    assert cmd.cmd_import(str(tmp_path / "big.pack"), out.append, cache=store) == 1
+    assert "NOT written" in " ".join(out) or "could not be written" in " ".join(out)
+    assert _count(small_disk / "s.sqlite") == 1
+
+
+# ------------------------------------------------------------------ concurrency and kill -9
+_WRITER = """
+import sys
+from cache_testutil import key, result
+from te_fl_attention.cache import ProbeCache
+s = ProbeCache(sys.argv[1])
+for i in range(int(sys.argv[2]), int(sys.argv[2]) + 300):
+    s.put(key(i, "unfused"), result(i, "unfused"))
+"""
+
+
+def _child(code: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'cache'}"}
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env)
+
+
+def test_a_pack_import_beside_another_writer_loses_no_row(store, tmp_path):
+    _fill(store, 1500)
+    path = tmp_path / "rows.pack"
+    pack.export_pack(store, path)
+    target = tmp_path / "target.sqlite"
+    ProbeCache(target).put(key(0, "triton"), result(0, "triton"))
+    writer = _child(_WRITER, str(target), "100000")
+    report = transfer.import_(ProbeCache(target), path)
+    assert writer.wait(60) == 0
+    assert report.imported == 3000
+    assert _count(target) == 3000 + 300 + 1
+
+
+_IMPORTER = """
+import sys
+from te_fl_attention.cache import ProbeCache, transfer
+print("start", flush=True)
+transfer.import_(ProbeCache(sys.argv[1]), sys.argv[2])
+"""
+
+
+def test_kill_9_of_an_importer_leaves_all_or_none(store, tmp_path):
+    _fill(store, 5000)
+    path = tmp_path / "rows.pack"
+    n = pack.export_pack(store, path)
+    seen = set()
+    for delay in (0.2, 0.5, 0.9, 1.4):
+        target = tmp_path / f"t{delay}.sqlite"
+        ProbeCache(target).put(key(0, "triton"), result(0, "triton"))
+        child = _child(_IMPORTER, str(target), str(path))
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        check = ProbeCache(target)
+        assert check.check_integrity() is None
+        rows = len(check) - 1
+        assert rows in (0, n)
+        seen.add(rows)
+        check.close()
+    print("kill -9 left", sorted(seen), "of", n)  # (which of the two depends on the timing)
+
+
+# ---------------------------------------------------------------------------------- trust rule
+def test_a_pack_row_claiming_fused_for_fp32_cannot_make_select_choose_it(tmp_path, monkeypatch,
+                                                                         capsys):  # fmt: skip
+    """As for JSON Lines (tests/test_selector_trust.py): a pack whose fused row for an fp32
+    config on h100 claims supported (checksum and columns made consistent) imports fine, yet
+    ``explain`` and ``select()`` still refuse fused: the rule stage narrows it at use."""
+    from te_fl_attention import FusedAttnConfig, Policy, cli, selector
+    from te_fl_attention.cache import tiered
+
+    def fresh(name: str) -> None:
+        monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / name))
+        selector._DEFAULT = None
+        tiered.reset_default_cache()
+
+    argv = ["explain", "--dtype", "fp32", "--seqlen", "256", "--num-heads", "8", "--device",
+            "h100", "--json"]  # fmt: skip
+    try:
+        fresh("a.sqlite")
+        assert cli.main(argv) == 0
+        capsys.readouterr()
+        out = tmp_path / "rows.pack"
+        assert cli.main(["cache", "export", "--format", "sqlite", str(out)]) == 0
+        conn = sqlite3.connect(out, isolation_level=None)
+        (ck, ctx, text), = conn.execute(
+            "SELECT config_key, ctx, result FROM probes WHERE backend = 'fused'").fetchall()
+        fp, vk = conn.execute("SELECT device_fp, versions_key FROM contexts WHERE ctx = ?",
+                              (ctx,)).fetchone()  # fmt: skip
+        res = json.loads(text)
+        res.update(supported=True, reasons=[], stage="graph_build")
+        text = json.dumps(res, separators=(",", ":"))
+        conn.execute("UPDATE probes SET result = ?, supported = 1, stage = 'graph_build', crc = ?"
+                     " WHERE backend = 'fused'",
+                     (text, row_crc(CacheKey(ck, "fused", fp, vk), text)))  # fmt: skip
+        conn.close()
+        fresh("b.sqlite")
+        assert cli.main(["cache", "import", str(out)]) == 0
+        assert "imported 4" in capsys.readouterr().out
+        selector._DEFAULT = None
+        assert cli.main(argv) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["chosen"] != "fused"
+        fused = next(r for r in got["results"] if r["backend"] == "fused")
+        assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
+        selector._DEFAULT = None
+        fp32 = FusedAttnConfig(dtype="fp32", max_seqlen_q=256, num_heads=8)
+        d = selector.select(fp32, "h100", Policy())
+        assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
+    finally:
+        selector._DEFAULT = None
+        tiered.reset_default_cache()
