@@ -90,8 +90,8 @@ _GET_SLICE = f"SELECT config_key, backend, crc, {_RESULT_UTF8} FROM probes WHERE
 #: A job's slice (all rows of one device and versions key) is read in one query only from a
 #: file of at most SLICE_MAX_BYTES (the query scans: no index on the context) holding at most
 #: SLICE_MAX_ROWS such rows; at most SLICE_BULK_DECODE rows are decoded when read, more on use.
-SLICE_MAX_BYTES = 256 << 20
-SLICE_MAX_ROWS = 200_000
+SLICE_MAX_BYTES = 64 << 20
+SLICE_MAX_ROWS = 20_000
 SLICE_BULK_DECODE = 8192
 _EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
 _ROWS = (
