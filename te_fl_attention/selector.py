@@ -359,6 +359,11 @@ def _default_probes(graph: bool = True) -> tuple[Probe, ...]:
     return default_probes(graph=graph, interpret=interpret)
 
 
+def _graph_from_env() -> bool:
+    """Whether the default probes build cuDNN graphs (``TE_FL_ATTN_CUDNN_PROBE``, default 1)."""
+    return os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
+
+
 def default_key_space() -> Any:
     """The :class:`~.cache.keys.KeySpace` of the probes the process-wide selector would use (for
     showing keys without opening the cache)."""
@@ -366,7 +371,7 @@ def default_key_space() -> Any:
 
     if _DEFAULT is not None and _DEFAULT_FOR == backends.version():
         return _DEFAULT.keys
-    return KeySpace(_default_probes(graph=os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"))
+    return KeySpace(_default_probes(graph=_graph_from_env()))
 
 
 _DEFAULT: Selector | None = None
@@ -385,7 +390,7 @@ def default_selector() -> Selector:
         from .cache import tuning
         from .cache.tiered import default_cache
 
-        graph = os.environ.get("TE_FL_ATTN_CUDNN_PROBE", "1") != "0"
+        graph = _graph_from_env()
         cache = sel.cache if sel is not None else default_cache()
         if sel is None:
             tuning.install(cache)

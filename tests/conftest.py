@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
 _CACHE_DIR = tempfile.mkdtemp(prefix="te-fl-attn-tests-")
 os.environ.setdefault("TE_FL_ATTN_CACHE", os.path.join(_CACHE_DIR, "probes.sqlite"))
 
@@ -70,3 +72,22 @@ def _fake_gpu_fixture():
 
 
 fake_gpu, fake_flash = _fake_gpu_fixture()
+
+
+@pytest.fixture
+def new_job(tmp_path, monkeypatch):
+    """``new_job(name)``: the process-wide selector and default store start afresh on
+    ``tmp_path / name`` (a new job on that store); ``new_job()``: a new selector on the same store.
+    Both are reset afterwards."""
+    from te_fl_attention import selector
+    from te_fl_attention.cache import tiered
+
+    def use(name: str | None = None) -> None:
+        if name is not None:
+            monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / name))
+            tiered.reset_default_cache()
+        selector._DEFAULT = None
+
+    yield use
+    selector._DEFAULT = None
+    tiered.reset_default_cache()

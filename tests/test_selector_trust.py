@@ -166,47 +166,37 @@ def test_narrow_holds_a_probe_without_its_own_narrow_to_its_rules():
                   profile("h100")) is None  # fmt: skip
 
 
-def test_an_imported_poisoned_row_cannot_widen_explain_or_select(tmp_path, monkeypatch, capsys):
+def test_an_imported_poisoned_row_cannot_widen_explain_or_select(tmp_path, new_job, capsys):
     """The issue's reproduction: export a real fp32 decision on h100, flip the fused row to
     supported, import it into a fresh store: ``explain`` and ``select()`` still refuse fused."""
     from te_fl_attention import cli, selector
-    from te_fl_attention.cache import tiered
-
-    def fresh(path: str) -> None:
-        monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / path))
-        selector._DEFAULT = None
-        tiered.reset_default_cache()
 
     argv = ["explain", "--dtype", "fp32", "--seqlen", "256", "--num-heads", "8", "--device",
             "h100", "--json"]  # fmt: skip
-    try:
-        fresh("a.sqlite")
-        assert cli.main(argv) == 0
-        assert json.loads(capsys.readouterr().out)["chosen"] != "fused"
-        assert cli.main(["cache", "export", str(tmp_path / "rows.jsonl")]) == 0
-        rows = [json.loads(ln) for ln in (tmp_path / "rows.jsonl").read_text().splitlines()]
-        flipped = 0
-        for row in rows:
-            if row.get("backend") == "fused":
-                row["result"].update(supported=True, reasons=[], stage="graph_build")
-                flipped += 1
-        assert flipped == 1
-        (tmp_path / "rows.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
-        fresh("b.sqlite")
-        assert cli.main(["cache", "import", str(tmp_path / "rows.jsonl")]) == 0
-        capsys.readouterr()
-        selector._DEFAULT = None  # explain in a new job, from the imported store only
-        assert cli.main(argv) == 0
-        out = json.loads(capsys.readouterr().out)
-        assert out["chosen"] != "fused"
-        fused = next(r for r in out["results"] if r["backend"] == "fused")
-        assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
-        selector._DEFAULT = None
-        d = selector.select(FP32, "h100", Policy())
-        assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
-    finally:
-        selector._DEFAULT = None
-        tiered.reset_default_cache()
+    new_job("a.sqlite")
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["chosen"] != "fused"
+    assert cli.main(["cache", "export", str(tmp_path / "rows.jsonl")]) == 0
+    rows = [json.loads(ln) for ln in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    flipped = 0
+    for row in rows:
+        if row.get("backend") == "fused":
+            row["result"].update(supported=True, reasons=[], stage="graph_build")
+            flipped += 1
+    assert flipped == 1
+    (tmp_path / "rows.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    new_job("b.sqlite")
+    assert cli.main(["cache", "import", str(tmp_path / "rows.jsonl")]) == 0
+    capsys.readouterr()
+    new_job()  # explain in a new job, from the imported store only
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["chosen"] != "fused"
+    fused = next(r for r in out["results"] if r["backend"] == "fused")
+    assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
+    new_job()
+    d = selector.select(FP32, "h100", Policy())
+    assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
 
 
 def test_recorded_fleet_results_are_held_to_the_local_rules():

@@ -611,8 +611,3 @@ def validate_context(obj: Any) -> dict[str, Any] | str:
         return "package_version must be a string of at most 128 characters"
     return {"device": device, "package_version": clean_text(pkg),
             "created_at": float(created or 0.0)}  # fmt: skip
-
-
-class Slice(dict):
-    """A job's slice (:meth:`.sqlite.ProbeCache.load_slice`): ``{(config_key, backend): row}``,
-    each row a decoded result or its stored ``(crc, utf8 bytes)``."""

@@ -45,7 +45,6 @@ from .rows import (
     CacheRow,
     OnConflict,
     PutItem,
-    Slice,
     ctx_id,
     dumps,
     loads_dict,
@@ -187,7 +186,7 @@ class ProbeCache(SQLiteFile, BaseCache):
         return row
 
     def load_slice(self, device_fp: str, versions_key: str, *, max_rows: int | None = None,
-                   max_bytes: int | None = None) -> Slice | None:
+                   max_bytes: int | None = None) -> dict[tuple[str, str], Any] | None:
         """Every stored row of one (device fingerprint, versions key), in one query:
         ``{(config_key, backend): row}``, each row a decoded :class:`ProbeResult` when the
         slice has at most :data:`SLICE_BULK_DECODE` rows (decoded in one pass now), else its
@@ -212,8 +211,8 @@ class ProbeCache(SQLiteFile, BaseCache):
         if rows is None or len(rows) > max_rows:
             return None
         if len(rows) > SLICE_BULK_DECODE:  # the stored bytes, each decoded on first use
-            return Slice({(ck, b): (crc, data) for ck, b, crc, data in rows})
-        return Slice(self._bulk_decode(rows, device_fp, versions_key))
+            return {(ck, b): (crc, data) for ck, b, crc, data in rows}
+        return self._bulk_decode(rows, device_fp, versions_key)
 
     def _bulk_decode(self, rows: list[Any], device_fp: str, versions_key: str
                      ) -> dict[tuple[str, str], Any]:  # fmt: skip

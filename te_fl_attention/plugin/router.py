@@ -38,7 +38,11 @@ from .te_backend import BackendVersion, flash_tier, get_attention_backend
 
 DPA_BACKENDS = "transformer_engine.pytorch.attention.dot_product_attention.backends"
 def _name(backend: str | None) -> str:
-    return "TritonFlashAttention (ours)" if backend == "triton" else backends.display(backend)
+    """A backend's display name; ours (a flash-tier candidate the router runs through its
+    runner, not TE's FlashAttention) marked so."""
+    desc = backends.find(backend) if backend else None
+    ours = desc is not None and desc.te_slot == "flash" and not desc.flavours
+    return backends.display(backend) + (" (ours)" if ours else "")
 
 
 class FlashAttentionRouter(torch.nn.Module):
@@ -124,9 +128,8 @@ class FlashAttentionRouter(torch.nn.Module):
         """One of our kernels (its ``Backend.runner`` through :func:`.kernels.run.run`) on TE's
         call: TE's keywords as the runner's features, the output in TE's layout."""
         unsupported = _unsupported(call, self.training and self.attention_dropout > 0)
-        what = "our Triton kernel" if name == "triton" else backends.display(name)
         if unsupported:
-            raise refusal(name, fab, f"{what} does not implement {unsupported}")
+            raise refusal(name, fab, f"{_name(name)} does not implement {unsupported}")
         q_fmt, kv_fmt = tensor_formats(call["qkv_layout"])
         if q_fmt != kv_fmt:
             if {q_fmt, kv_fmt} != {"sbhd", "bshd"}:

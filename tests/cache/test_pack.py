@@ -312,52 +312,42 @@ def test_kill_9_of_an_importer_leaves_all_or_none(store, tmp_path):
 
 
 # ---------------------------------------------------------------------------------- trust rule
-def test_a_pack_row_claiming_fused_for_fp32_cannot_make_select_choose_it(tmp_path, monkeypatch,
+def test_a_pack_row_claiming_fused_for_fp32_cannot_make_select_choose_it(tmp_path, new_job,
                                                                          capsys):  # fmt: skip
     """As for JSON Lines (tests/test_selector_trust.py): a pack whose fused row for an fp32
     config on h100 claims supported (checksum and columns made consistent) imports fine, yet
     ``explain`` and ``select()`` still refuse fused: the rule stage narrows it at use."""
     from te_fl_attention import FusedAttnConfig, Policy, cli, selector
-    from te_fl_attention.cache import tiered
-
-    def fresh(name: str) -> None:
-        monkeypatch.setenv("TE_FL_ATTN_CACHE", str(tmp_path / name))
-        selector._DEFAULT = None
-        tiered.reset_default_cache()
 
     argv = ["explain", "--dtype", "fp32", "--seqlen", "256", "--num-heads", "8", "--device",
             "h100", "--json"]  # fmt: skip
-    try:
-        fresh("a.sqlite")
-        assert cli.main(argv) == 0
-        capsys.readouterr()
-        out = tmp_path / "rows.pack"
-        assert cli.main(["cache", "export", "--format", "sqlite", str(out)]) == 0
-        conn = sqlite3.connect(out, isolation_level=None)
-        (ck, ctx, text), = conn.execute(
-            "SELECT config_key, ctx, result FROM probes WHERE backend = 'fused'").fetchall()
-        fp, vk = conn.execute("SELECT device_fp, versions_key FROM contexts WHERE ctx = ?",
-                              (ctx,)).fetchone()  # fmt: skip
-        res = json.loads(text)
-        res.update(supported=True, reasons=[], stage="graph_build")
-        text = json.dumps(res, separators=(",", ":"))
-        conn.execute("UPDATE probes SET result = ?, supported = 1, stage = 'graph_build', crc = ?"
-                     " WHERE backend = 'fused'",
-                     (text, row_crc(CacheKey(ck, "fused", fp, vk), text)))  # fmt: skip
-        conn.close()
-        fresh("b.sqlite")
-        assert cli.main(["cache", "import", str(out)]) == 0
-        assert "imported 4" in capsys.readouterr().out
-        selector._DEFAULT = None
-        assert cli.main(argv) == 0
-        got = json.loads(capsys.readouterr().out)
-        assert got["chosen"] != "fused"
-        fused = next(r for r in got["results"] if r["backend"] == "fused")
-        assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
-        selector._DEFAULT = None
-        fp32 = FusedAttnConfig(dtype="fp32", max_seqlen_q=256, num_heads=8)
-        d = selector.select(fp32, "h100", Policy())
-        assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
-    finally:
-        selector._DEFAULT = None
-        tiered.reset_default_cache()
+    new_job("a.sqlite")
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    out = tmp_path / "rows.pack"
+    assert cli.main(["cache", "export", "--format", "sqlite", str(out)]) == 0
+    conn = sqlite3.connect(out, isolation_level=None)
+    (ck, ctx, text), = conn.execute(
+        "SELECT config_key, ctx, result FROM probes WHERE backend = 'fused'").fetchall()
+    fp, vk = conn.execute("SELECT device_fp, versions_key FROM contexts WHERE ctx = ?",
+                          (ctx,)).fetchone()  # fmt: skip
+    res = json.loads(text)
+    res.update(supported=True, reasons=[], stage="graph_build")
+    text = json.dumps(res, separators=(",", ":"))
+    conn.execute("UPDATE probes SET result = ?, supported = 1, stage = 'graph_build', crc = ?"
+                 " WHERE backend = 'fused'",
+                 (text, row_crc(CacheKey(ck, "fused", fp, vk), text)))  # fmt: skip
+    conn.close()
+    new_job("b.sqlite")
+    assert cli.main(["cache", "import", str(out)]) == 0
+    assert "imported 4" in capsys.readouterr().out
+    new_job()
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["chosen"] != "fused"
+    fused = next(r for r in got["results"] if r["backend"] == "fused")
+    assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
+    new_job()
+    fp32 = FusedAttnConfig(dtype="fp32", max_seqlen_q=256, num_heads=8)
+    d = selector.select(fp32, "h100", Policy())
+    assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4

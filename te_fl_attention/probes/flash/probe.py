@@ -31,11 +31,6 @@ def import_error(module: str) -> str | None:
     return None
 
 
-def combine(variants: tuple[ProbeResult, ...], elapsed_ms: float = 0.0) -> ProbeResult:
-    """The ``flash`` result from its flavours (:func:`.reasons.combine_variants`)."""
-    return combine_variants("flash", variants, elapsed_ms)
-
-
 class FlashAttnProbe:
     """The ``flash`` candidate: one variant result per flavour, TE's precedence among them.
 
@@ -52,7 +47,7 @@ class FlashAttnProbe:
 
     def rules(self, config: FusedAttnConfig, device: DeviceProfile) -> list[Reason]:
         """The rule stage's refusals (none when a flavour passes its rules); no import, no run."""
-        return list(combine(self.rule_stage(config, device)).reasons)
+        return list(combine_variants(self.name, self.rule_stage(config, device)).reasons)
 
     @staticmethod
     def shared(config: FusedAttnConfig, device: DeviceProfile) -> tuple[Reason, ...]:
@@ -123,7 +118,7 @@ class FlashAttnProbe:
             out.append(v)
         if supported != cached.supported:
             return None  # not what this probe writes (supported when a flavour is): probe again
-        return combine(tuple(out), cached.elapsed_ms) if changed else cached
+        return combine_variants(self.name, tuple(out), cached.elapsed_ms) if changed else cached
 
     def _local(self, flavour: str, config: FusedAttnConfig, result: ProbeResult) -> ProbeResult:
         """The import and tiny-run stages on this machine."""
@@ -179,7 +174,8 @@ class FlashAttnProbe:
     def probe(self, config: FusedAttnConfig, device: DeviceProfile) -> ProbeResult:
         t0 = time.perf_counter()
         if not self.run or device.source != "local":  # the rule stage is the verdict
-            return combine(self.rule_stage(config, device), (time.perf_counter() - t0) * 1e3)
+            rules = self.rule_stage(config, device)
+            return combine_variants(self.name, rules, (time.perf_counter() - t0) * 1e3)
         variants = tuple(self._after_rules(r, config, device)
                          for r in self.rule_stage(config, device))  # fmt: skip
-        return combine(variants, (time.perf_counter() - t0) * 1e3)
+        return combine_variants(self.name, variants, (time.perf_counter() - t0) * 1e3)
