@@ -104,6 +104,33 @@ class Selector:
                 except Exception:  # noqa: BLE001, S112 - a broken probe is reported when it decides
                     continue
             decide(sample, dev, held, pol, source="cache")
+            if rows is not None and len(held) == len(self.probes) and not (
+                    pol.verify or pol.measure):  # fmt: skip
+                self._dry_select(sample, dev, rows, held)
+
+    def _dry_select(self, sample: FusedAttnConfig, device: DeviceProfile, rows: dict,
+                    held: list[ProbeResult]) -> None:  # fmt: skip
+        """One whole :meth:`decide` of ``sample`` answered from ``held``, placed in the slice
+        for it (so the path a warm selection takes, from the policy to the memo, has run before
+        the first real one); the slice, the memos and the counters are left as they were."""
+        ck = sample.key()
+        saved = {p.name: rows.get((ck, p.name)) for p in self.probes}
+        stats = dict(self.stats)
+        rows.update({(ck, p.name): r for p, r in zip(self.probes, held, strict=True)})
+        try:
+            self.decide(sample, device)
+        finally:
+            for name, row in saved.items():
+                if row is None:
+                    rows.pop((ck, name), None)
+                else:
+                    rows[(ck, name)] = row
+            with self._lock:
+                for k in [k for k in self._memo if k[0] is sample]:
+                    del self._memo[k]
+                self._results.pop((sample, device), None)
+            self.stats.clear()
+            self.stats.update(stats)
 
     def _cache_keys(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, Any]:
         return self.keys.keys(config, device, [p.name for p in self.probes])

@@ -100,3 +100,37 @@ def test_a_large_slice_keeps_the_bytes_and_decodes_rows_on_first_use(tmp_path, m
     warm = [sel.decide(c, DEV, Policy()) for c in CONFIGS]
     assert [d.results for d in warm] == [d.results for d in cold] and calls == []
     assert rows == {}  # each row was handed over once; the result memo holds it now
+
+
+def test_prepare_runs_whole_selections_and_leaves_no_trace(tmp_path, monkeypatch):
+    """prepare's dry selections go through decide (policy, memo, slice, rules) but leave the
+    slice, the memos and the counters as they were, and a stored row of a config equal to one
+    of its samples is still served as stored."""
+    from te_fl_attention import selector as selector_mod
+
+    sample = FusedAttnConfig(**selector_mod._SAMPLES[1])
+    store = ProbeCache(tmp_path / "p.sqlite")
+    stored = Selector(default_probes(graph=False), cache=store).decide(sample, DEV, Policy())
+    store.close()
+    _fill(tmp_path / "p.sqlite")
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    ran: list = []
+    real_decide = sel.decide
+    monkeypatch.setattr(sel, "decide", lambda *a, **k: ran.append(a[0]) or real_decide(*a, **k))
+    before = dict(store.load_slice(DEV.fingerprint(), sel.keys.versions(DEV)))
+    sel.prepare(DEV)
+    assert len(ran) == 8  # every dry run was a whole selection
+    assert sel._slice(DEV) == before and sel._memo == {} and sel._results == {}
+    assert sel.stats == {"memo_hits": 0, "cache_hits": 0, "probes": 0} and calls == []
+    again = sel.decide(FusedAttnConfig(**sample.to_dict()), DEV, Policy())
+    assert again.results == stored.results and again.source == "cache"
+
+
+def test_prepare_does_not_run_whole_selections_under_verify(tmp_path, monkeypatch):
+    _fill(tmp_path / "p.sqlite")
+    monkeypatch.setenv("TE_FL_ATTN_VERIFY", "1")
+    sel, store, calls = _selector(tmp_path / "p.sqlite")
+    ran: list = []
+    monkeypatch.setattr(sel, "decide", lambda *a, **k: ran.append(a))
+    sel.prepare(DEV)
+    assert ran == [] and sel.stats["probes"] == 0
