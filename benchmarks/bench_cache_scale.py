@@ -3,7 +3,9 @@
 Builds a store of ``--n`` realistic rows (4 backends per config, flash with its 3 flavours, one
 config and device JSON per row), then measures 10k random ``get`` latencies, the import rate of
 a full export into a fresh store, the import rate of an SQLite pack of the same rows
-(``export --format sqlite``) into a fresh store, and the file size per entry. Prints one line.
+(``export --format sqlite``) into a fresh store, the same rows copied by SQLite with no check at
+all (``sql_copy_floor_per_s``: the floor a checked pack import sits above), and the file size per
+entry. Prints one line.
 
     python benchmarks/bench_cache_scale.py --n 200000
 """
@@ -93,6 +95,26 @@ def _count(path: Path) -> int:
         conn.close()
 
 
+def _bare_copy(pack: Path, path: Path) -> float:
+    """Seconds SQLite takes to copy the pack's rows into a fresh store with no check at all (one
+    ``INSERT ... SELECT``, one transaction): the floor any checked pack import sits above."""
+    store = ProbeCache(path)
+    len(store)  # create the empty store (its schema)
+    store.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA cache_size=-65536")
+        conn.execute("ATTACH ? AS pk", (str(pack),))
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        for table in ("contexts", "probes", "configs"):
+            conn.execute(f"INSERT INTO main.{table} SELECT * FROM pk.{table}")
+        conn.execute("COMMIT")
+        return time.perf_counter() - t0
+    finally:
+        conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="entries (default 1,000,000)")
@@ -151,11 +173,13 @@ def main() -> None:
     pack_s = time.perf_counter() - t0
     same = _count(root / "fresh-pack.sqlite") == args.n
     fresh.close()
+    floor_s = _bare_copy(root / "export.pack", root / "fresh-floor.sqlite")
     ok = report.imported == args.n and not report.rejected and exported == args.n and not misses
     ok = ok and packed == args.n and pack_report.imported == args.n and same
     ok = ok and not pack_report.rejected
     print(f"cache_scale n={args.n} get_p50_us={p50:.1f} get_p99_us={p99:.1f} "
           f"import_per_s={args.n / import_s:.0f} import_pack_per_s={args.n / pack_s:.0f} "
+          f"sql_copy_floor_per_s={args.n / floor_s:.0f} "
           f"bytes_per_entry={size / args.n:.0f} "
           f"build_per_s={args.n / build_s:.0f} export_per_s={exported / export_s:.0f} "
           f"{'ok' if ok else 'MISMATCH'}{' json-only' if args.no_orjson else ''} "
