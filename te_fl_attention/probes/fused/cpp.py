@@ -15,6 +15,7 @@ from ..base import (
     fmt_version,
     reject,
 )
+from .cp import cp_steps
 from .rules import (
     F16_ARBITRARY_SEQLEN,
     FP8,
@@ -81,17 +82,13 @@ def ragged_graph(d: DeviceProfile) -> bool:
 
 def _step_seqlens_kv(c: FusedAttnConfig) -> tuple[int, ...]:
     """The s_kv of every graph TE's C++ query is asked about: with context parallelism, one per
-    per-step config (TE 2.20.2 context_parallel.py, ``cp_per_step_configs``: a2a keeps s_kv;
-    all_gather asks for s_kv / (2 cp) and s_kv; p2p for s_kv / p2p_size, and a causal mask adds
-    half of that). For a2a+p2p the a2a group is taken as 2 ranks (an even cp_size; the config
-    does not carry TE's ``cp_size_a2a``)."""
-    skv, cp, ct = c.max_seqlen_kv, c.cp_size, c.cp_comm_type
-    if not c.context_parallel or ct == "a2a":
-        return (skv,)
-    if ct == "all_gather":
-        return (skv // (2 * cp), skv)
-    r_kv = skv // (cp // 2 if ct == "a2a+p2p" and cp % 2 == 0 else cp)
-    return (r_kv, r_kv // 2) if "causal" in c.attn_mask_type else (r_kv,)
+    per-step config (TE 2.20.2 context_parallel.py, ``cp_per_step_configs``; :func:`.cp.cp_steps`),
+    else the config's own."""
+    steps = cp_steps(c)
+    if not steps:
+        assert c.max_seqlen_kv is not None
+        return (c.max_seqlen_kv,)
+    return tuple(dict.fromkeys(s.params["max_seqlen_kv"] for s in steps))
 
 
 def is_f16(c: FusedAttnConfig) -> bool:

@@ -35,9 +35,11 @@ building or validating failed), and ``derived`` (:class:`TEGraphConfig` as JSON)
 The graphs are the cudnn-frontend C++ graph (``cudnn._pybind_module.backend_graph``), the one TE
 drives through the C++ API: only cuDNN backend engines are considered. The frontend's
 Python-native engines (``cudnn.pygraph``'s "FROST" engines) are left out on purpose, because TE
-cannot dispatch to them. What the probe still cannot express (context parallelism, softcap,
-score_mod, arbitrary masks, paged KV in training, the MXFP8 graph) is refused undecided
-(``cudnn.unsupported_by_probe`` / ``cudnn.fp8_unsupported_by_probe``).
+cannot dispatch to them. What the probe still cannot express (softcap, score_mod, arbitrary
+masks, paged KV in training, the MXFP8 graph) is refused undecided (``cudnn.unsupported_by_probe``
+/ ``cudnn.fp8_unsupported_by_probe``). Context parallelism is asked as TE asks it: one query per
+per-step config (:func:`.cp.cp_steps`, TE's ``cp_per_step_configs``), each step's graphs built
+and its verdict kept in ``cp_steps``; the first step refused decides.
 
 Without a GPU this needs cuDNN >= 9.11 "deviceless" mode: a device descriptor
 (:mod:`te_fl_attention.descriptors`) plus ``sm_version``, and a loadable ``libcuda.so.1``, which
@@ -76,7 +78,12 @@ The result is a JSON-able dict::
      "elapsed_ms": float,
      # with spec=True only:
      "graph_spec": {"fwd": {...}, "bwd": {...}},   # cudnn-frontend JSON of each graph built
-     "derived": {...}}                             # TE's derived config (TEGraphConfig)
+     "derived": {...},                             # TE's derived config (TEGraphConfig)
+     # with context parallelism only (plans, heur_mode, graph_spec keyed "fwd[<step>]",
+     # derived keyed by step):
+     "cp_steps": [{"label", "attn_mask_type", "max_seqlen_q", ..., "supported", "decided",
+                   "code", "step", "graph", "summary", "plans"}, ...],
+     "cp_step": str}                               # the step that decided a refusal
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ from typing import Any
 
 from ...config import FusedAttnConfig
 from .builder import GraphBuilder, io_dtype
+from .cp import CPStep, cp_steps
 from .mapping import (
     TEGraphConfig,
     Unsupported,
@@ -474,12 +482,24 @@ def probe_config(
                 **base,
             )
     assert sm is not None
-    d = derive(cfg, sm, int(st["version_int"]))
+    args = (cudnn, sm, int(st["version_int"]), graph_kw, build_plans, tuple(heuristics), spec)
+    steps = cp_steps(cfg)
+    if not steps:
+        return done(**_probe_derived(cfg, *args), **base)
+    return done(**_probe_cp(steps, args), **base)
+
+
+def _probe_derived(cfg: FusedAttnConfig, cudnn: Any, sm: int, version_int: int,
+                   graph_kw: dict[str, Any], build_plans: bool, heuristics: tuple[str, ...],
+                   spec: bool) -> dict[str, Any]:  # fmt: skip
+    """TE's derived config of one (non-CP) query, its pre-graph refusal, then its forward (and
+    backward) graph through cuDNN: the result's fields (:func:`graph_result`), less the base."""
+    d = derive(cfg, sm, version_int)
     spec_out: dict[str, Any] = {}
     extra: dict[str, Any] = {"graph_spec": spec_out, "derived": d.to_dict()} if spec else {}
     refusal = te_refusal(cfg, d)
     if refusal is not None:
-        return done(
+        return dict(
             decided=True,
             code="cudnn.te_refused",
             step="derive",
@@ -488,19 +508,18 @@ def probe_config(
             summary=refusal,
             notes=list(d.notes),
             **extra,
-            **base,
         )
     try:
         check_fp8_expressible(cfg)
     except Unsupported as exc:
-        return done(code=exc.code, step="mapping", message=str(exc), **extra, **base)
-    notes.extend(d.notes)
+        return dict(code=exc.code, step="mapping", message=str(exc), **extra)
+    notes = list(d.notes)
     io = io_dtype(cudnn, d)
     plans: dict[str, list[str]] = {}
     modes: dict[str, str] = {}
     graphs = ("fwd", "bwd") if cfg.is_training else ("fwd",)
     for which in graphs:
-        outcome = _run_graph(cudnn, which, d, io, graph_kw, build_plans, tuple(heuristics), spec)
+        outcome = _run_graph(cudnn, which, d, io, graph_kw, build_plans, heuristics, spec)
         if spec and outcome.get("spec") is not None:
             spec_out[which] = outcome["spec"]
         notes.extend(outcome.get("notes") or [])
@@ -508,9 +527,53 @@ def probe_config(
         if not outcome["ok"]:
             fail = dict(outcome["fail"])
             fail.pop("heur_mode", None)
-            return done(plans=plans, heur_mode=modes, graph=which, **fail, **extra, **base)
+            return dict(plans=plans, heur_mode=modes, graph=which, notes=notes, **fail, **extra)
         plans[which] = outcome["plans"]
-    return done(supported=True, decided=True, plans=plans, heur_mode=modes, **extra, **base)
+    return dict(supported=True, decided=True, plans=plans, heur_mode=modes, notes=notes, **extra)
+
+
+def _probe_cp(steps: tuple[CPStep, ...], args: tuple[Any, ...]) -> dict[str, Any]:
+    """Context parallelism as TE 2.20.2 queries it: one query per per-step config
+    (:func:`.cp.cp_steps`), each with its own derived config and graphs. Every step is built
+    and its verdict kept in ``cp_steps``; the verdict is the first step cuDNN (or TE's C++)
+    refuses (TE disables FusedAttention there), else undecided where a step could not be asked,
+    else supported. Plans and graph specs are keyed ``fwd[<step>]``, ``derived`` by step."""
+    answers = [(s, _probe_derived(s.config, *args) if s.config is not None else dict(
+        code="cudnn.unsupported_by_probe", step="mapping",
+        message=f"no valid config for this step: {s.error}")) for s in steps]  # fmt: skip
+    entries, plans, modes, graph_spec, derived = [], {}, {}, {}, {}
+    notes: list[str] = []
+    for s, r in answers:
+        entries.append({**s.to_dict(), **{k: r.get(k) for k in (
+            "supported", "decided", "code", "step", "graph", "summary")},
+            "supported": bool(r.get("supported")), "decided": bool(r.get("decided")),
+            "plans": r.get("plans") or {}})  # fmt: skip
+        for which, names in (r.get("plans") or {}).items():
+            plans[f"{which}[{s.label}]"] = names
+        for which, mode in (r.get("heur_mode") or {}).items():
+            modes[f"{which}[{s.label}]"] = mode
+        for which, g in (r.get("graph_spec") or {}).items():
+            graph_spec[f"{which}[{s.label}]"] = g
+        if "derived" in r:
+            derived[s.label] = r["derived"]
+        for note in (*s.notes, *(r.get("notes") or ())):
+            text = note if note in s.notes else f"[{s.label}] {note}"
+            if text not in notes:
+                notes.append(text)
+    out: dict[str, Any] = {"cp_steps": entries, "plans": plans, "heur_mode": modes,
+                           "notes": notes}  # fmt: skip
+    if args[-1]:  # spec
+        out.update(graph_spec=graph_spec, derived=derived)
+    hit = next(((s, r) for s, r in answers if r.get("decided") and not r.get("supported")), None)
+    hit = hit or next(((s, r) for s, r in answers if not r.get("decided")), None)
+    if hit is None:
+        return {**out, "supported": True, "decided": True}
+    s, r = hit
+    fail = {k: r.get(k) for k in ("decided", "code", "step", "graph", "error_type")}
+    for k in ("message", "summary"):
+        if r.get(k):
+            fail[k] = f"{s.describe()}: {r[k]}"
+    return {**out, **fail, "supported": False, "cp_step": s.label}
 
 
 def _graph_json(g: Any) -> Any:

@@ -66,18 +66,13 @@ class Unsupported(Exception):
 
 
 def check_expressible(c: FusedAttnConfig) -> None:
-    """Features the probe cannot put into TE's cuDNN graphs: refuse honestly, undecided."""
+    """Features the probe cannot put into TE's cuDNN graphs: refuse honestly, undecided.
+    (Context parallelism is built step by step: :func:`.cp.cp_steps`.)"""
     u = "cudnn.unsupported_by_probe"
     if c.softcap:
         raise Unsupported(u, f"softcap={c.softcap}: cuDNN's SDPA node has no softcap attribute")
     if c.has_score_mod or c.has_score_mod_bprop:
         raise Unsupported(u, "score_mod callbacks are not mapped by the probe")
-    if c.context_parallel:
-        raise Unsupported(
-            u,
-            f"context parallelism ({c.cp_comm_type}, cp_size={c.cp_size}): the per-rank chunk "
-            "graphs are not built by the probe",
-        )
     if c.paged and c.is_training:
         raise Unsupported(u, "a paged KV cache in training: TE builds no paged backward graph")
     if c.attn_mask_type == "arbitrary":

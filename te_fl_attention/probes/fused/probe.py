@@ -18,6 +18,7 @@ from ..base import (
     reject,
     version,
 )
+from .cp import cp_steps
 from .cpp import BINDING_RULES
 from .rules import fused_sub_backend
 from .table import TABLE_RULES
@@ -80,17 +81,24 @@ class CudnnProbe(RuleProbe):
             detail["predicted"] = not binding  # the verdict rests on the table's prediction
             if note is not None:
                 detail["graph_note"] = note.message
+            steps = cp_steps(config)
+            if steps:  # context parallelism: the per-step queries the table answered
+                detail["cp_steps"] = [s.to_dict() for s in steps]
             return ProbeResult(
                 backend=self.name, supported=not reasons, reasons=tuple(reasons),
                 stage=reasons[0].stage if reasons else "rule", evidence="rules",
                 elapsed_ms=(time.perf_counter() - t0) * 1e3,
-                detail=detail if not reasons else {"predicted": detail["predicted"]},
+                detail=detail if not reasons else {k: v for k, v in detail.items()
+                                                   if k in ("predicted", "cp_steps")},
             )  # fmt: skip
         ok = bool(answer["supported"])
         detail.update(
             plans=answer.get("plans") or {}, heur_mode=answer.get("heur_mode"),
             cudnn=answer.get("cudnn_version"), mode=answer.get("mode"),
         )  # fmt: skip
+        if answer.get("cp_steps"):  # context parallelism: each step's own query and verdict
+            detail["cp_steps"] = answer["cp_steps"]
+        cp_step = answer.get("cp_step")
         # What a local answer rests on: the captured descriptor, real handle or not.
         if device.source == "local":  # gpu-only
             detail.update(descriptor=answer.get("descriptor"),
@@ -111,9 +119,10 @@ class CudnnProbe(RuleProbe):
         elif not ok:
             graph, step = answer.get("graph") or "fwd", answer.get("step") or "?"
             text = (answer.get("message") or answer.get("summary") or "").strip()
+            where = f"{cp_step}.{graph}.{step}" if cp_step else f"{graph}.{step}"
             reasons = (reject("cudnn.not_supported",
                               f"cuDNN {answer.get('cudnn_version')} refused the {graph} graph at "
-                              f"{step}: {text[:2000]}", observed=f"{graph}.{step}",
+                              f"{step}: {text[:2000]}", observed=where,
                               limit="a plan cuDNN supports", stage="graph_build"),)  # fmt: skip
         mode = answer.get("mode") or "deviceless"
         return ProbeResult(
@@ -122,7 +131,7 @@ class CudnnProbe(RuleProbe):
             evidence=f"cudnn {answer.get('cudnn_version')} graph ({mode})",
             elapsed_ms=(time.perf_counter() - t0) * 1e3, detail=detail if ok else
             {k: v for k, v in detail.items()
-             if k in ("rule_drift", "cudnn", "mode", "descriptor", "graph_notes")},
+             if k in ("rule_drift", "cudnn", "mode", "descriptor", "graph_notes", "cp_steps")},
         )  # fmt: skip
 
     def _ask_cudnn(self, config: FusedAttnConfig, device: DeviceProfile, spec: bool = False

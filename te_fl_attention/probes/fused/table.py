@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ...config import FusedAttnConfig, te_max_batch_size, te_max_tokens
 from ...device import DeviceProfile
 from ...reasons import Reason
@@ -11,6 +13,7 @@ from ..base import (
     fmt_version,
     reject,
 )
+from .cp import cp_steps
 from .cpp import (
     cpp_qkv_format,
     fp8_layouts,
@@ -160,8 +163,10 @@ def _table_fp8_dims(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
 
 def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     """cuDNN and biases. As TE's pre-2.20 table (nvte_get_fused_attn_backend) stated it: ALiBi
-    (without slopes: cuDNN's alibi mask) needs sm90 and a non-padding causal mask;
-    post_scale_bias never with padding masks (cuDNN 9.28.1 accepts both: rule_drift). From TE
+    (without slopes: cuDNN's alibi mask) needs sm90 and a non-padding causal mask. That table's
+    "no post_scale_bias with a padding mask" was TE's own refusal, which 2.20.2's C++ no longer
+    makes: it asks cuDNN, which builds TE's bias graph with padding (and the post_scale_bias TE
+    turns ALiBi slopes into; cuDNN 9.28.1, sm80/90/100/120), so it is not predicted. From TE
     2.20.2's graphs (fused_attn_f16_arbitrary_seqlen.cu, create_graph_f16_fwd/bwd): on the ragged
     graph (thd on sm >= 90, not sm120) the sequence dims are the bucketed token counts
     (get_max_tokens) and the batch is bucketed (get_max_batch_size; forward keeps the real batch
@@ -181,13 +186,6 @@ def table_bias(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
     ragged = _ragged_bias_mismatch(c, d)
     if ragged is not None:
         return ragged
-    if btype == "post_scale_bias" and m in ("padding", "padding_causal"):
-        return _t(
-            "bias_padding",
-            f"post_scale_bias with attn_mask_type = {m}",
-            m,
-            "no_mask or causal masks with a bias",
-        )
     return None
 
 
@@ -253,11 +251,15 @@ def table_mask_layout(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
             "s_q <= s_kv",
         )
     dropout = c.is_training and c.dropout  # TE's is_dropout (derive())
-    if "bottom_right" in m and (c.bias_type != "no_bias" or dropout):
+    btype = fused_bias(c)[0]  # ALiBi slopes: the post_scale_bias TE's Python turns them into
+    if "bottom_right" in m and (btype != "no_bias" or dropout):
+        what = btype if btype != "no_bias" else "dropout"
+        if btype != c.bias_type:
+            what += " (TE's bias for the ALiBi slopes)"
         return _t(
             "bottom_right_bias_dropout",
-            f"{m} with {c.bias_type if c.bias_type != 'no_bias' else 'dropout'}",
-            (m, c.bias_type, c.dropout),
+            f"{m} with {what}",
+            (m, btype, c.dropout),
             "a bottom-right causal mask without bias, ALiBi or dropout",
         )
     if cv < (9, 7, 0) and c.paged and (c.bias_type != "no_bias" or dropout):
@@ -356,7 +358,46 @@ def table_blackwell_training(c: FusedAttnConfig, d: DeviceProfile) -> Reason | N
     return None
 
 
-TABLE_RULES: tuple[Rule, ...] = tuple(known_device(r) for r in (
+def per_cp_step(rule: Rule) -> Rule:
+    """A table rule as TE 2.20.2 asks cuDNN with context parallelism: once per per-step config
+    (:func:`.cp.cp_steps`, TE's ``cp_per_step_configs``); the first step it refuses answers, its
+    message naming the step. Without context parallelism, the rule itself."""
+
+    def stepped(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+        steps = cp_steps(c)
+        if not steps:
+            return rule(c, d)
+        for step in steps:
+            if step.config is None:  # no valid step config: table_cp_steps refuses it
+                continue
+            reason = rule(step.config, d)
+            if reason is not None:
+                return dataclasses.replace(reason, message=f"{step.describe()}: {reason.message}")
+        return None
+
+    stepped.__name__, stepped.__doc__ = rule.__name__, rule.__doc__
+    return stepped
+
+
+def table_cp_steps(c: FusedAttnConfig, d: DeviceProfile) -> Reason | None:
+    """A context-parallel step TE's C++ query gets with a sequence length (or heads) of 0
+    (``cp_per_step_configs`` divides s by the ranks unchecked: TE needs every sequence length to
+    be a multiple of 2 * cp_size): no graph with a 0 dim is built, so fused is predicted
+    refused there; the probe builds no graph for it either (undecided)."""
+    for step in cp_steps(c):
+        if step.error is not None:
+            p = step.params
+            return _t("cp_step_invalid", f"{step.describe()} is no valid query: {step.error}",
+                      (p["max_seqlen_q"], p["max_seqlen_kv"], p["num_heads"]),
+                      "s_q, s_kv multiples of 2 * cp_size; heads divisible by the a2a group",
+                      hint="pad the sequences to a multiple of 2 * cp_size")  # fmt: skip
+    return None
+
+
+#: cuDNN's graph rules, each asked once per context-parallel step (as TE queries cuDNN).
+_GRAPH_RULES: tuple[Rule, ...] = tuple(per_cp_step(r) for r in (
     table_arch, table_head_dim, table_bias, table_mask_layout, table_short_sequences,
     table_window, table_blackwell_training,
 ))  # fmt: skip
+
+TABLE_RULES: tuple[Rule, ...] = tuple(known_device(r) for r in (table_cp_steps, *_GRAPH_RULES))

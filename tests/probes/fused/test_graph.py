@@ -234,8 +234,8 @@ def test_pre_scale_bias_refused_by_te(worker):
 
 @pytest.mark.parametrize(
     "fields",
-    [dict(softcap=30.0), dict(cp_size=2), dict(attn_mask_type="arbitrary")],
-    ids=["softcap", "context_parallel", "arbitrary_mask"],
+    [dict(softcap=30.0), dict(attn_mask_type="arbitrary")],
+    ids=["softcap", "arbitrary_mask"],
 )
 def test_unsupported_by_probe_is_undecided(worker, fields):
     r = probe(worker, **fields)

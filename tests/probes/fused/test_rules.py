@@ -141,7 +141,7 @@ TABLE_CASES = [
      "cudnn_table.alibi"),
     ("table_bias", {"bias_type": "alibi", "attn_mask_type": "padding"}, "h100",
      "cudnn_table.alibi"),
-    ("table_bias", {**BIAS, "attn_mask_type": "padding"}, "h100", "cudnn_table.bias_padding"),
+    ("table_bias", {**BIAS, "attn_mask_type": "padding"}, "h100", None),  # cuDNN builds it
     ("table_mask_layout", THD, "h100", None),
     ("table_mask_layout", {**THD, "num_gqa_groups": 4}, "h100:cudnn=9.5.0",
      "cudnn_table.thd_gqa"),
@@ -203,6 +203,14 @@ TABLE_CASES = [
     ("table_bias", {**THD_BR, **BIAS, **BHSS_1024, "is_training": False}, "h100", None),
     ("table_bias", {**THD_BR, **BIAS, **BHSS_1024, "is_training": False}, "h100:cudnn=9.23.0",
      "cudnn_table.thd_bias_ragged"),
+    ("table_cp_steps", {**CP, "max_seqlen_q": 256}, "h100", None),
+    ("table_cp_steps", {**CP, "max_seqlen_q": 2, "cp_comm_type": "all_gather"}, "h100",
+     "cudnn_table.cp_step_invalid"),  # s_q // (2 cp) = 0
+    ("table_short_sequences", {**CP, "max_seqlen_q": 2, "max_seqlen_kv": 2048, **OBO,
+                               "cp_comm_type": "a2a", "is_training": False}, "h100", None),
+    ("table_short_sequences", {**CP, "max_seqlen_q": 2, "max_seqlen_kv": 2048, **OBO,
+                               "is_training": False}, "h100",
+     "cudnn_table.decode_sink"),  # a2a: s_q 2; p2p: each rank's s_q 2 // 2 = 1 with a sink
     ("table_short_sequences", {"max_seqlen_q": 1, "max_seqlen_kv": 2048, **OBO,
                                "is_training": False}, "h100", "cudnn_table.decode_sink"),
     ("table_short_sequences", {"max_seqlen_q": 2, "max_seqlen_kv": 2048, **OBO,
