@@ -10,7 +10,9 @@ is an ``AttributeError``, as with the real module):
   exactly TE's eight members, ``NVTE_Fused_Attn_Backend`` TE's values);
 * ``get_cudnn_version()`` returns 92801 (cuDNN 9.28.1);
 * ``get_fused_attn_backend(params)`` (TE's C++ cuDNN support query) is answered by
-  te-fl-attention's cuDNN support table (``probes.fused.table.TABLE_RULES``) for :data:`DEVICE`;
+  te-fl-attention's cuDNN support table (``probes.fused.table.TABLE_RULES``) for :data:`DEVICE`
+  (:class:`GraphFusedBackend` answers it with cuDNN's deviceless graph build instead, for
+  ``benchmarks/te_sweep.py``);
 * every other function raises ``NotImplementedError`` naming itself (``STUB_MARKER`` in the
   message), which lets tests prove that a call reached the native module.
 
@@ -137,6 +139,16 @@ _DTYPES = {"kFloat16": "fp16", "kBFloat16": "bf16", "kFloat32": "fp32",
            "kFloat8E4M3": "fp8_e4m3", "kFloat8E5M2": "fp8_e5m2"}  # fmt: skip
 
 
+def _fp8_recipe(params: Any) -> str:
+    """The recipe behind an FP8 query, from what TE's ``get_fused_attn_spec`` passes: MXFP8
+    block scaling, else per-tensor scaling with dQKV in FP8 (delayed) or 16-bit (current; its O
+    16-bit too unless ``NVTE_DPA_FP8CS_O_in_F16=0``, which the config cannot state)."""
+    if "MXFP8" in getattr(params.scaling_mode, "name", ""):
+        return "mxfp8"
+    dqkv = getattr(params.dqkv_dtype, "name", str(params.dqkv_dtype))
+    return "delayed" if dqkv in ("kFloat8E4M3", "kFloat8E5M2") else "current"
+
+
 def fused_params_config(params: Any) -> Any:
     """TE's ``FusedAttentionParams`` (what the C++ query receives) as a FusedAttnConfig."""
     from te_fl_attention.config import FusedAttnConfig
@@ -145,7 +157,6 @@ def fused_params_config(params: Any) -> Any:
     t = _tables()
     dtype = _DTYPES[getattr(params.qkv_dtype, "name", str(params.qkv_dtype))]
     fp8 = dtype.startswith("fp8")
-    scaling = getattr(params.scaling_mode, "name", "")
     layout = t["layout"][params.qkv_layout.name]
     bias = t["bias"][params.bias_type.name]
     b, h, sq = params.batch_size, params.num_attn_heads, params.max_seqlen_q
@@ -164,9 +175,13 @@ def fused_params_config(params: Any) -> Any:
         bias_shape=shape, dropout=float(params.dropout),
         softmax_type=t["softmax"][params.softmax_type.name], is_training=bool(params.is_training),
         deterministic=bool(params.deterministic), fp8=fp8,
-        fp8_recipe=("mxfp8" if "MXFP8" in scaling else "delayed") if fp8 else "none",
+        fp8_recipe=_fp8_recipe(params) if fp8 else "none",
         kv_cache=paged, paged=paged, page_size=params.page_size_k if paged else 0,
         return_max_logit=bool(params.return_max_logit), cuda_graph=bool(params.cuda_graph),
+        # q.shape[0] / k.shape[0] of a thd tensor (0 otherwise, and 0 stays 0 for thd: TE's C++
+        # refuses it); the config keeps TE's bucket of it (get_max_tokens), which the graph uses
+        num_tokens_q=int(params.num_tokens_q), num_tokens_kv=int(params.num_tokens_kv),
+        softmax_scale=float(params.attn_scale),
     )  # fmt: skip
 
 
@@ -184,3 +199,63 @@ def table_fused_backend(params: Any, device: Any) -> tuple[int, str]:
     if reasons:
         return -1, "; ".join(r.message for r in reasons)
     return fused_sub_backend(config), ""
+
+
+class GraphFusedBackend:
+    """TE's C++ cuDNN query answered by cuDNN itself: the deviceless graph build
+    (``probes.fused.graph.probe_config``, in a probe worker) of the config TE's query receives
+    (after TE's Python rewrites: ALiBi with custom slopes as ``post_scale_bias``, thd token counts,
+    one call per context-parallel step). Identical queries are memoized (``cache``).
+
+    ``__call__(params, device)`` gives ``(sub-backend or -1, message)`` as the C++ query does.
+    Where cuDNN cannot be asked (no cudnn-frontend, a graph the probe cannot express, a worker
+    failure) the support table answers instead, and ``undecided`` counts it by code."""
+
+    def __init__(self, worker: Any = None, timeout_s: float = 60.0) -> None:
+        self.worker = worker
+        self.timeout_s = timeout_s
+        self.cache: dict[tuple, dict[str, Any]] = {}
+        self.builds = 0
+        self.build_ms = 0.0
+        self.undecided: dict[str, int] = {}
+
+    def _worker(self) -> Any:
+        if self.worker is None:
+            from te_fl_attention.probes.fused.worker import CudnnWorker
+
+            self.worker = CudnnWorker()
+        return self.worker
+
+    def answer(self, config: Any, device: Any) -> dict[str, Any]:
+        """The worker's graph result for ``config`` on ``device`` (memoized)."""
+        import json
+
+        key = (device.name, device.sm, json.dumps(config.to_dict(), sort_keys=True))
+        hit = self.cache.get(key)
+        if hit is None:
+            from te_fl_attention.descriptors import descriptor_for
+
+            result = self._worker().probe(config.to_dict(), descriptor_for(device, None),
+                                          device.sm, timeout_s=self.timeout_s)  # fmt: skip
+            self.builds += 1
+            self.build_ms += float(result.get("elapsed_ms") or 0.0)
+            hit = self.cache[key] = result
+        return hit
+
+    def __call__(self, params: Any, device: Any) -> tuple[int, str]:
+        from te_fl_attention.probes.fused.rules import fused_sub_backend
+
+        try:
+            config = fused_params_config(params)
+        except (ValueError, KeyError) as exc:
+            return -1, f"not expressible as a FusedAttnConfig: {exc}"
+        result = self.answer(config, device)
+        if not result.get("decided"):
+            code = str(result.get("code") or "cudnn.undecided")
+            self.undecided[code] = self.undecided.get(code, 0) + 1
+            return table_fused_backend(params, device)
+        if result.get("supported"):
+            return fused_sub_backend(config), ""
+        text = (result.get("summary") or result.get("message") or "").strip()
+        where = f"{result.get('graph') or '?'}.{result.get('step') or '?'}"
+        return -1, f"cuDNN graph build refused ({where}): {text[:500]}"
