@@ -179,7 +179,7 @@ def main() -> None:
     ok = ok and not pack_report.rejected
     print(f"cache_scale n={args.n} get_p50_us={p50:.1f} get_p99_us={p99:.1f} "
           f"import_per_s={args.n / import_s:.0f} import_pack_per_s={args.n / pack_s:.0f} "
-          f"sql_copy_floor_per_s={args.n / floor_s:.0f} "
+          f"sql_copy_floor_per_s={args.n / floor_s:.0f} pack_vs_floor={floor_s / pack_s:.2f} "
           f"bytes_per_entry={size / args.n:.0f} "
           f"build_per_s={args.n / build_s:.0f} export_per_s={exported / export_s:.0f} "
           f"{'ok' if ok else 'MISMATCH'}{' json-only' if args.no_orjson else ''} "
