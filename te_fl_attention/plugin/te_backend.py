@@ -14,7 +14,9 @@ available_backends)``. Three paths:
 * **torch.compile**: the environment is read with ``os.environ.get`` (dynamo guards keys present
   at trace time) and the selection runs behind ``torch.compiler.assume_constant_result`` with
   constant inputs only. Batch size and sequence lengths enter only as the shape predicates a rule
-  can react to (:func:`shape_predicates`: ``s_q == 1``, ``s_q <= s_kv``, divisibility, ranges),
+  can react to (:func:`shape_predicates`: ``s_q == 1``, ``s_q <= s_kv``, divisibility, ranges;
+  for thd also ``s == `` its token bucket and a bucketed batch, where a bias meets the ragged
+  graph),
   each a guard on the predicate, never on a size; the decision is made for the smallest
   representative sizes with the same predicates (:func:`representative`). So a new batch size or
   sequence length recompiles only when a predicate flips. The thd token counts enter as their
@@ -153,15 +155,29 @@ def _truth(cond: Any) -> bool:
     return True if cond else False  # noqa: SIM210
 
 
-def shape_predicates(b: Any, h: int, sq: Any, skv: Any) -> tuple[bool, ...]:
-    """Every property of (batch, s_q, s_kv) that a rule can react to. Under torch.compile each
-    one becomes a guard on that predicate, never on a size."""
+def shape_predicates(b: Any, h: int, sq: Any, skv: Any, tq: int = 0, tkv: int = 0
+                     ) -> tuple[bool, ...]:  # fmt: skip
+    """Every property of (batch, s_q, s_kv) that a rule can react to, given the thd token
+    buckets ``tq``/``tkv`` (0: none): on TE's ragged graph a bias broadcasts only where its
+    s_q/s_kv is 1 or the bucket and its batch 1 or a batch bucket (thd only: other layouts build
+    no ragged graph, and their batch is never compared for equality). Under torch.compile each one
+    becomes a guard on that predicate, never on a size."""
     t = _truth
     return (
         t(b == 1), t(sq == 1), t(skv == 1), t(sq == skv), t(sq < skv), t(sq % 64 == 0),
         t(skv % 64 == 0), t(skv % 128 == 0), t(skv % 256 == 0), t(skv > 1024),
-        t(b * h * sq * skv >= 1 << 30),
+        t(b * h * sq * skv >= 1 << 30), bool(tq or tkv) and _is_batch_bucket(b),
+        bool(tq) and t(sq == tq), bool(tkv) and t(skv == tkv),
     )  # fmt: skip
+
+
+def _is_batch_bucket(b: Any) -> bool:
+    """Whether ``b`` is one of TE's batch buckets (``te_max_batch_size``: 32 ... 512, then
+    multiples of 512), from comparisons only (traceable)."""
+    t = _truth
+    if t(b > 512):
+        return t(b % 512 == 0)
+    return any(t(b == x) for x in (32, 64, 128, 256, 512))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,10 +207,15 @@ _BATCHES = (1, 2, 3, *(1 << k for k in range(2, 31)))
 
 
 @functools.lru_cache(maxsize=1024)
-def representative(h: int, preds: tuple[bool, ...]) -> tuple[int, int, int]:
-    """The smallest (batch, s_q, s_kv) in a fixed grid with these predicates."""
-    for sq, skv, b in itertools.product(_SEQS, _SEQS, _BATCHES):
-        if shape_predicates(b, h, sq, skv) == preds:
+def representative(h: int, preds: tuple[bool, ...], tq: int = 0, tkv: int = 0
+                   ) -> tuple[int, int, int]:  # fmt: skip
+    """The smallest (batch, s_q, s_kv) in a fixed grid (plus sizes at and around the token
+    buckets) with these predicates (:func:`shape_predicates` with the same ``tq``/``tkv``)."""
+    near = {y for x in (tq, tkv) if x for y in (x, x // 2, x // 2 + 256, x - 256, x + 256,
+                                                 x - 64, x + 64, x - 1, x + 1, 2 * x) if y > 0}
+    seqs = sorted({*_SEQS, *near})
+    for sq, skv, b in itertools.product(seqs, seqs, _BATCHES):
+        if shape_predicates(b, h, sq, skv, tq, tkv) == preds:
             return b, sq, skv
     raise RuntimeError(f"no representative size for num_heads={h}, predicates={preds}")
 
@@ -465,7 +486,10 @@ class TEBackend:
     def traced(self, p: Any) -> TETuple:
         """The selection inside a torch.compile trace (see the module docstring)."""
         b, sq, skv, h = p.batch_size, p.max_seqlen_q, p.max_seqlen_kv, guard_scalar(p.num_heads)
-        preds = shape_predicates(b, h, sq, skv)
+        buckets = {name: traced_token_bucket(getattr(p, name)) for name in _TOKEN_FIELDS
+                   if hasattr(p, name)}  # fmt: skip
+        preds = shape_predicates(b, h, sq, skv, buckets.get("num_tokens_q", 0),
+                                 buckets.get("num_tokens_kv", 0))  # fmt: skip
         fields = []
         for name in TRACED_FIELDS:
             if hasattr(p, name):
@@ -480,9 +504,7 @@ class TEBackend:
         inf = getattr(p, "inference_params", None)
         kv = None if inf is None else (bool(getattr(inf, "is_paged", False)),
                                        guard_scalar(getattr(inf, "page_size", 0) or 0))
-        for name in _TOKEN_FIELDS:
-            if hasattr(p, name):
-                fields.append((name, traced_token_bucket(getattr(p, name))))
+        fields += buckets.items()
         env = tuple(os.environ.get(name) for name in _traced_env_vars())
         return _constant_select(self.epoch, preds, tuple(fields), bias, alibi_rank, fp8, kv, env)
 
@@ -493,7 +515,8 @@ class TEBackend:
         self.stats["traced"] += 1
         values = dict(fields)
         h = int(values.get("num_heads", 16))
-        b, sq, skv = representative(h, preds)
+        b, sq, skv = representative(h, preds, int(values.get("num_tokens_q") or 0),
+                                    int(values.get("num_tokens_kv") or 0))  # fmt: skip
         inference = None if kv is None else SimpleNamespace(is_paged=kv[0], page_size=kv[1])
         alibi = None if alibi_rank is None else ((h,) if alibi_rank == 1 else (b, h))
         params = SimpleNamespace(

@@ -281,9 +281,11 @@ def test_representative_sizes_keep_every_verdict(spec: str) -> None:
     """The compiled path decides for a representative (batch, s_q, s_kv) with the same shape
     predicates; every verdict must be the one the real sizes get."""
     device, selector = profile(spec), Selector(default_probes(graph=False))
-    for c in _random_configs(150, seed=hash(spec) % 1000):
-        preds = shape_predicates(c.batch_size, c.num_heads, c.max_seqlen_q, c.max_seqlen_kv)
-        b, sq, skv = representative(c.num_heads, preds)
+    for c in _random_configs(150, seed=sum(map(ord, spec))):  # (str hash is per process)
+        tq, tkv = c.num_tokens_q or 0, c.num_tokens_kv or 0  # (kept as TE's buckets)
+        preds = shape_predicates(c.batch_size, c.num_heads, c.max_seqlen_q, c.max_seqlen_kv,
+                                 tq, tkv)  # fmt: skip
+        b, sq, skv = representative(c.num_heads, preds, tq, tkv)
         rep = _with_sizes(c, b, sq, skv)
         assert _summary(selector, c, device) == _summary(selector, rep, device), (c, rep)
 
@@ -321,3 +323,21 @@ def test_malformed_switch_fails_plugin_loading_clearly(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="TE_FL_ATTN_SEED_ENV='true' is not valid: expected "
                        "exactly 0 or 1"):  # fmt: skip
         te_backend.make_backend("h100", Selector(default_probes(graph=False)))
+
+
+def test_representative_keeps_a_thd_bias_meeting_the_ragged_graph() -> None:
+    """On TE's ragged graph (thd, sm90) a b1ss bias broadcasts only when its s_q is the token
+    bucket: the representative size must keep that relation, and so the verdict."""
+    device, selector = profile("h100"), Selector(default_probes(graph=False))
+    for sq in (1024, 1000):
+        c = FusedAttnConfig(batch_size=1, max_seqlen_q=sq, max_seqlen_kv=1024, num_heads=16,
+                            qkv_layout="thd_thd_thd", attn_mask_type="padding_causal",
+                            bias_type="post_scale_bias", bias_shape="b1ss", num_tokens_q=1024,
+                            num_tokens_kv=1024)  # fmt: skip
+        preds = shape_predicates(1, 16, sq, 1024, 1024, 1024)
+        b, rq, rkv = representative(16, preds, 1024, 1024)
+        assert (rq == 1024) == (sq == 1024)
+        rep = _with_sizes(c, b, rq, rkv)
+        assert _summary(selector, c, device) == _summary(selector, rep, device)
+    fused = selector.decide(c, device, Policy()).result("fused")  # s_q 1000 != its bucket
+    assert not fused.supported and fused.reasons[0].code == "cudnn_table.thd_bias_ragged"
