@@ -103,13 +103,14 @@ class Selector:
                     held.append(narrow(p, row, sample, dev) or row)
                 except Exception:  # noqa: BLE001, S112 - a broken probe is reported when it decides
                     continue
-            decide(sample, dev, held, pol, source="cache")
             if rows is not None and len(held) == len(self.probes) and not (
                     pol.verify or pol.measure):  # fmt: skip
-                self._dry_select(sample, dev, rows, held)
+                self._dry_select(sample, dev, pol, rows, held)  # decide() runs within
+            else:
+                decide(sample, dev, held, pol, source="cache")
 
-    def _dry_select(self, sample: FusedAttnConfig, device: DeviceProfile, rows: dict,
-                    held: list[ProbeResult]) -> None:  # fmt: skip
+    def _dry_select(self, sample: FusedAttnConfig, device: DeviceProfile, pol: Policy,
+                    rows: dict, held: list[ProbeResult]) -> None:  # fmt: skip
         """One whole :meth:`decide` of ``sample`` answered from ``held``, placed in the slice
         for it (so the path a warm selection takes, from the policy to the memo, has run before
         the first real one); the slice, the memos and the counters are left as they were."""
@@ -118,7 +119,7 @@ class Selector:
         stats = dict(self.stats)
         rows.update({(ck, p.name): r for p, r in zip(self.probes, held, strict=True)})
         try:
-            self.decide(sample, device)
+            self.decide(sample, device, pol)
         finally:
             for name, row in saved.items():
                 if row is None:
@@ -126,8 +127,7 @@ class Selector:
                 else:
                     rows[(ck, name)] = row
             with self._lock:
-                for k in [k for k in self._memo if k[0] is sample]:
-                    del self._memo[k]
+                self._memo.pop((sample, device, pol), None)
                 self._results.pop((sample, device), None)
             self.stats.clear()
             self.stats.update(stats)

@@ -205,7 +205,8 @@ class GraphFusedBackend:
     """TE's C++ cuDNN query answered by cuDNN itself: the deviceless graph build
     (``probes.fused.graph.probe_config``, in a probe worker) of the config TE's query receives
     (after TE's Python rewrites: ALiBi with custom slopes as ``post_scale_bias``, thd token counts,
-    one call per context-parallel step). Identical queries are memoized (``cache``).
+    one call per context-parallel step). Memoizing identical queries is the worker's business
+    (``benchmarks/te_sweep.MemoWorker`` serves both sides of the sweep).
 
     ``__call__(params, device)`` gives ``(sub-backend or -1, message)`` as the C++ query does.
     Where cuDNN cannot be asked (no cudnn-frontend, a graph the probe cannot express, a worker
@@ -214,9 +215,6 @@ class GraphFusedBackend:
     def __init__(self, worker: Any = None, timeout_s: float = 60.0) -> None:
         self.worker = worker
         self.timeout_s = timeout_s
-        self.cache: dict[tuple, dict[str, Any]] = {}
-        self.builds = 0
-        self.build_ms = 0.0
         self.undecided: dict[str, int] = {}
 
     def _worker(self) -> Any:
@@ -227,20 +225,11 @@ class GraphFusedBackend:
         return self.worker
 
     def answer(self, config: Any, device: Any) -> dict[str, Any]:
-        """The worker's graph result for ``config`` on ``device`` (memoized)."""
-        import json
+        """The worker's graph result for ``config`` on ``device``."""
+        from te_fl_attention.descriptors import descriptor_for
 
-        key = (device.name, device.sm, json.dumps(config.to_dict(), sort_keys=True))
-        hit = self.cache.get(key)
-        if hit is None:
-            from te_fl_attention.descriptors import descriptor_for
-
-            result = self._worker().probe(config.to_dict(), descriptor_for(device, None),
-                                          device.sm, timeout_s=self.timeout_s)  # fmt: skip
-            self.builds += 1
-            self.build_ms += float(result.get("elapsed_ms") or 0.0)
-            hit = self.cache[key] = result
-        return hit
+        return self._worker().probe(config.to_dict(), descriptor_for(device, None), device.sm,
+                                    timeout_s=self.timeout_s)  # fmt: skip
 
     def __call__(self, params: Any, device: Any) -> tuple[int, str]:
         from te_fl_attention.probes.fused.rules import fused_sub_backend

@@ -10,15 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cudnn_skip import require_cudnn
 
-try:
-    import cudnn  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
-    pytest.skip(
-        f"cudnn-frontend is not importable ({type(exc).__name__}: {exc}); install the "
-        "te-fl-attention[cudnn] extra (nvidia-cudnn-frontend, nvidia-cudnn-cu13, nvidia-cublas)",
-        allow_module_level=True,
-    )
+require_cudnn()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 

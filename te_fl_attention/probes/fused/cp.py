@@ -73,9 +73,16 @@ def _scale(tokens: int | None, mul: int = 1, div: int = 1) -> int | None:
     return None if tokens is None else tokens * mul // div
 
 
-@functools.lru_cache(maxsize=512)
 def cp_steps(c: FusedAttnConfig) -> tuple[CPStep, ...]:
-    """TE 2.20.2's ``cp_per_step_configs`` for ``c`` (empty without context parallelism).
+    """TE 2.20.2's ``cp_per_step_configs`` for ``c``: empty without context parallelism (read
+    from the field: every table rule asks, and a config is not hashed for it), else
+    :func:`_cp_steps`, once per config."""
+    return _cp_steps(c) if c.context_parallel else ()
+
+
+@functools.lru_cache(maxsize=512)
+def _cp_steps(c: FusedAttnConfig) -> tuple[CPStep, ...]:
+    """The per-step configs of a context-parallel ``c`` (TE's ``cp_per_step_configs``).
 
     a2a: one step, heads and GQA groups divided by cp_size, token counts times cp_size. all_gather:
     s_q / (2 cp) against the one-chunk s_kv / (2 cp) and the full s_kv, a top-left causal mask
@@ -86,8 +93,6 @@ def cp_steps(c: FusedAttnConfig) -> tuple[CPStep, ...]:
     C++ buckets the raw count, ``get_max_tokens``): a step scales the bucket, which is the bucket
     of the scaled raw count up to 32768 tokens; above, the multiple-of-32768 buckets may differ
     by one step (noted)."""
-    if not c.context_parallel:
-        return ()
     ct, cp, m = c.cp_comm_type, c.cp_size, c.attn_mask_type
     assert c.max_seqlen_kv is not None and c.num_gqa_groups is not None
     sq, skv, h, hg = c.max_seqlen_q, c.max_seqlen_kv, c.num_heads, c.num_gqa_groups

@@ -486,7 +486,7 @@ def probe_config(
     steps = cp_steps(cfg)
     if not steps:
         return done(**_probe_derived(cfg, *args), **base)
-    return done(**_probe_cp(steps, args), **base)
+    return done(**_probe_cp(steps, args, spec), **base)
 
 
 def _probe_derived(cfg: FusedAttnConfig, cudnn: Any, sm: int, version_int: int,
@@ -532,7 +532,7 @@ def _probe_derived(cfg: FusedAttnConfig, cudnn: Any, sm: int, version_int: int,
     return dict(supported=True, decided=True, plans=plans, heur_mode=modes, notes=notes, **extra)
 
 
-def _probe_cp(steps: tuple[CPStep, ...], args: tuple[Any, ...]) -> dict[str, Any]:
+def _probe_cp(steps: tuple[CPStep, ...], args: tuple[Any, ...], spec: bool) -> dict[str, Any]:
     """Context parallelism as TE 2.20.2 queries it: one query per per-step config
     (:func:`.cp.cp_steps`), each with its own derived config and graphs. Every step is built
     and its verdict kept in ``cp_steps``; the verdict is the first step cuDNN (or TE's C++)
@@ -544,10 +544,10 @@ def _probe_cp(steps: tuple[CPStep, ...], args: tuple[Any, ...]) -> dict[str, Any
     entries, plans, modes, graph_spec, derived = [], {}, {}, {}, {}
     notes: list[str] = []
     for s, r in answers:
-        entries.append({**s.to_dict(), **{k: r.get(k) for k in (
-            "supported", "decided", "code", "step", "graph", "summary")},
-            "supported": bool(r.get("supported")), "decided": bool(r.get("decided")),
-            "plans": r.get("plans") or {}})  # fmt: skip
+        entries.append({**s.to_dict(), **{k: r.get(k) for k in ("code", "step", "graph",
+                                                                 "summary")},
+                        "supported": bool(r.get("supported")), "decided": bool(r.get("decided")),
+                        "plans": r.get("plans") or {}})  # fmt: skip
         for which, names in (r.get("plans") or {}).items():
             plans[f"{which}[{s.label}]"] = names
         for which, mode in (r.get("heur_mode") or {}).items():
@@ -562,7 +562,7 @@ def _probe_cp(steps: tuple[CPStep, ...], args: tuple[Any, ...]) -> dict[str, Any
                 notes.append(text)
     out: dict[str, Any] = {"cp_steps": entries, "plans": plans, "heur_mode": modes,
                            "notes": notes}  # fmt: skip
-    if args[-1]:  # spec
+    if spec:
         out.update(graph_spec=graph_spec, derived=derived)
     hit = next(((s, r) for s, r in answers if r.get("decided") and not r.get("supported")), None)
     hit = hit or next(((s, r) for s, r in answers if not r.get("decided")), None)

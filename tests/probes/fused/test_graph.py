@@ -19,6 +19,7 @@ import threading
 import time
 
 import pytest
+from cudnn_skip import require_cudnn
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.descriptors import (
@@ -38,14 +39,7 @@ from te_fl_attention.probes.fused.graph import summarize
 from te_fl_attention.probes.fused.mapping import layout_pieces, strides_bhsd
 from te_fl_attention.probes.fused.worker import CudnnWorker
 
-try:
-    import cudnn  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
-    pytest.skip(
-        f"cudnn-frontend is not importable ({type(exc).__name__}: {exc}); install the "
-        "te-fl-attention[cudnn] extra (nvidia-cudnn-frontend, nvidia-cudnn-cu13, nvidia-cublas)",
-        allow_module_level=True,
-    )
+require_cudnn()
 
 B = dict(batch_size=2, num_heads=16, max_seqlen_q=512, dtype="bf16")
 PLAN_NAME = re.compile(r"^eng\d+(_k\d+=-?\d+)*$")

@@ -24,15 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from cudnn_skip import require_cudnn
 
 from te_fl_attention.config import FusedAttnConfig
 from te_fl_attention.probes.fused.worker import CudnnWorker
 
-try:
-    import cudnn  # noqa: F401
-except Exception as exc:  # noqa: BLE001 - any import failure means "not installed here"
-    pytest.skip(f"cudnn-frontend is not importable ({type(exc).__name__}: {exc})",
-                allow_module_level=True)  # fmt: skip
+require_cudnn()
 
 BASE = dict(batch_size=2, num_heads=8, head_dim_qk=64, max_seqlen_q=128, dtype="bf16")
 OK = "supported"
