@@ -12,18 +12,26 @@ A pack is treated as hostile, as a JSON Lines export is:
   version this package reads, its row count matches ``meta``, and every ``contexts`` row's id is
   the one its (device, software stack) hashes to. Any failure refuses the whole pack (clear error,
   nothing applied).
-* Each row, in SQL (the ``INSERT ... SELECT``'s ``WHERE``, :data:`ROW_WHERE`): the column checks
-  of the schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour
-  them): types via ``typeof``, key lengths, known backends, ranges (``created_at`` in [0, now +
+* Each row, in SQL (a column of the checking scan, :data:`ROW_WHERE`): the column checks of the
+  schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour them):
+  types via ``typeof``, known backends, ranges (``created_at`` in [0, now +
   :data:`.rows.MAX_CLOCK_SKEW_S`], ``elapsed_ms`` in [0, 1e9], ``crc`` 32-bit, ``supported`` 0/1),
-  sizes; its context is one of the checked ones. In Python (a registered SQLite function, one
-  call per row): the key's hex digits, the row checksum, and the validator's verdict on the
-  result, cached per distinct result text with its in-range ``elapsed_ms`` values masked (so the
-  full validator runs once per distinct result, not once per row; the stored ``supported`` and
-  ``stage`` columns must agree with it). A result the validator accepts only once cleaned (a
-  control character, a lone surrogate) goes through it again in full and is stored cleaned.
-  Config JSON: SQL ``json_valid``/``json_type``, and a Python test of its bytes (one object,
-  lists of scalars only, nothing escaped); any other config goes through the validator.
+  sizes; its context is one of the checked ones. In Python (the same scan, read in key order):
+  the key's hex digits, the row checksum, and the validator's verdict on the result, cached per
+  distinct result text with its in-range ``elapsed_ms`` values masked (so the full validator runs
+  once per distinct result, not once per row; the stored ``supported`` and ``stage`` columns must
+  agree with it). A result the validator accepts only once cleaned (a control character, a lone
+  surrogate) goes through it again in full and is stored cleaned. Config JSON: SQL
+  ``json_valid``/``json_type``, and a Python test of its bytes (one object, lists of scalars
+  only, nothing escaped); any other config goes through the validator.
+* The copy is pipelined: the checks run on the calling thread over a read-only connection of
+  their own; each checked range of config keys (:data:`CHUNK_ROWS` rows, ending where a config
+  begins) goes to a copier thread that copies it with one ``INSERT ... SELECT`` on the store's
+  connection, leaving out the keys the checks named, while the next range is checked (SQLite
+  runs without the GIL, so the copy and the checks use both cores). Both connections read one
+  snapshot: each holds its read lock from before the copy to the commit, the header's change
+  counter must not move in between, and a scan out of key order (a damaged b-tree) refuses the
+  pack, so no row is copied before its check.
 * A row over :data:`.rows.MAX_ROW` bytes refuses the pack (rolled back: nothing applied). Other
   failing rows are counted and skipped, with one warning; a write is reported from the counts
   read inside the committed transaction.
@@ -39,9 +47,12 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import re
 import sqlite3
+import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +180,7 @@ _VERDICTS_MAX = 100_000
 
 _DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
 _HEX_DIGITS = "0123456789abcdef"
+_HEX_BYTES = _HEX_DIGITS.encode()
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]")
 
 
@@ -177,12 +189,14 @@ def _suspect(data: bytes) -> bool:
     (maybe of a control character or a surrogate, which the validator replaces), a raw DEL or C1
     character, a run of 17 digits (maybe an integer beyond 64 bits), a 3-digit exponent (maybe
     not finite), or more than :data:`.rows.MAX_STRING` bytes (maybe too long a string)."""
-    if (len(data) > MAX_STRING or b"\\u" in data or b"\\b" in data or b"\\f" in data
-            or b"\\r" in data or b"\x7f" in data or b"\xc2" in data):  # fmt: skip
+    if len(data) > MAX_STRING or b"\x7f" in data or b"\xc2" in data:
         return True
-    digits = data.translate(_DIGITS)
-    return (b"00000000000000000" in digits or b"e000" in digits or b"e+000" in digits
-            or b"e-000" in digits)  # fmt: skip
+    if b"\\" in data and (b"\\u" in data or b"\\b" in data or b"\\f" in data
+                           or b"\\r" in data):  # fmt: skip
+        return True
+    # (signs deleted: "e+000" and "e-000" read "e000"; a run it joins only makes more suspects)
+    digits = data.translate(_DIGITS, b"+-")
+    return b"00000000000000000" in digits or b"e000" in digits
 
 
 def _flat_shape(data: bytes) -> bool:
@@ -345,14 +359,14 @@ def _schema_problem(conn: sqlite3.Connection) -> str | None:
 
 @dataclass
 class _Pass:
-    """The Python half of the row checks: counts, the first problems, the refusal."""
+    """The Python half of the row checks: counts, the first problems, the refusal, and the keys
+    the bulk copy leaves out (rejected, or for the full validator)."""
 
     passed: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
     slow: list[tuple[Any, Any, Any]] = field(default_factory=list)
     verdicts: dict[Any, Any] = field(default_factory=dict)  # masked text -> the verdict
     slow_configs: list[Any] = field(default_factory=list)
-    last_ck: Any = None
     refusal: str | None = None
     seen: int = 0
 
@@ -360,50 +374,88 @@ class _Pass:
         self.seen += 1
         self.rejected.append((self.seen, reason))
 
-    def row_ok(self, sql_ok: int, size: Any, ck: Any, backend: Any, ctx: Any, fp: Any, vk: Any,
-               crc: Any, supported: Any, stage: Any, data: Any) -> int:  # fmt: skip
-        """Called for each row of the pack: 1 to copy it with SQL (the quick path)."""
-        if type(size) is int and size > MAX_ROW:
-            self.refusal = f"a row of {size} bytes (limit {MAX_ROW})"
-            raise PackError(self.refusal)
-        if not sql_ok or (ck != self.last_ck and ck.strip(_HEX_DIGITS)):
-            self.reject("fails the pack's checks (types, ranges, sizes or context)")
-            return 0
-        self.last_ck = ck  # rows of one config come together: check its key once
-        key = CacheKey(ck, backend, fp, vk)
-        if row_crc_bytes(key, data) != crc:
-            self.reject("checksum mismatch")
-            return 0
-        # The verdict of the full validator, per distinct text (elapsed_ms values that any
-        # result may hold masked): another text never shares a verdict.
-        masked = (backend, _ELAPSED.sub(b'"elapsed_ms":0', data))
-        verdict = self.verdicts.get(masked)
-        if verdict is None:
-            if len(self.verdicts) >= _VERDICTS_MAX:
-                self.verdicts.clear()
-            verdict = self.verdicts[masked] = _verdict(key, data)
-        if verdict is False or verdict != (supported, stage):
-            self.slow.append((ck, backend, ctx))
-            return 0
-        self.seen += 1
-        self.passed += 1
-        return 1
+    def rows(self, cursor: Any, contexts: dict[int, tuple[str, str]], emit: Any) -> None:
+        """Check every row of ``cursor`` (:data:`_VERIFY_ROWS`, in key order) and hand the copier
+        each checked range of config keys with the keys it must leave out (``emit(lo, hi,
+        skip)``; ``hi`` ``None`` for the last)."""
+        last_ck: Any = None  # the last config key (bytes) and whether it is 64 hex digits
+        last_ok = False
+        lo, skip, n, base, slow = "", [], 0, self.seen, 0
+        verdicts, elapsed, crc32 = self.verdicts, _ELAPSED.sub, zlib.crc32
+        # CRC of "backend\0fp\0vk\0" after the key's, per (context, backend): built on use
+        tails: dict[Any, dict[Any, bytes]] = {c: {} for c in contexts}
+        last_ctx: Any = None
+        ck_crc = 0
+        by_backend: dict[Any, bytes] = {}
+        rejected = self.rejected
 
-    def json_ok(self, sql_ok: int, ck: Any, data: Any) -> int:
-        """1 for a config JSON object (valid JSON: SQL checked it) the validator passes
-        unchanged: flat, nothing suspect; else 0, and the validator decides later."""
-        if not sql_ok or ck.strip(_HEX_DIGITS):
-            self.rejected.append((0, "a config row fails the pack's checks (dropped)"))
-            return 0
-        if type(data) is not bytes or _suspect(data) or not _flat_shape(data):
-            self.slow_configs.append(ck)
-            return 0
-        return 1
+        for ck, backend, ctx, crc, supported, stage, data, sql_ok in cursor:
+            if data is not None and len(data) > MAX_ROW:
+                self.refusal = f"a row of {len(data)} bytes (limit {MAX_ROW})"
+                raise PackError(self.refusal)
+            if ck != last_ck:
+                last_ok = type(ck) is bytes and len(ck) == 64 and not ck.strip(_HEX_BYTES)
+                if last_ok:
+                    if type(last_ck) is bytes and ck <= last_ck:  # the scan must be in key order
+                        self.refusal = "the pack's rows are not in key order (a damaged file)"
+                        raise PackError(self.refusal)
+                    if n >= CHUNK_ROWS:  # a range ends where a config begins
+                        hi = ck.decode()
+                        emit(lo, hi, skip)
+                        lo, skip, base, n = hi, [], base + n, 0
+                    last_ck = ck
+                    ck_crc = crc32(ck + b"\0")
+            n += 1
+            if not (sql_ok and last_ok):
+                skip.append((ck, backend, ctx))
+                rejected.append((base + n, _FAILS_SQL))
+                continue
+            if ctx != last_ctx:
+                last_ctx, by_backend = ctx, tails[ctx]
+            tail = by_backend.get(backend)
+            if tail is None:
+                fp, vk = contexts[ctx]
+                tail = by_backend[backend] = backend + f"\0{fp}\0{vk}\0".encode()
+            if crc32(data, crc32(tail, ck_crc)) != crc:
+                skip.append((ck, backend, ctx))
+                rejected.append((base + n, "checksum mismatch"))
+                continue
+            # The verdict of the full validator, per distinct text (elapsed_ms values that any
+            # result may hold masked): another text never shares a verdict.
+            masked = (backend, elapsed(b'"elapsed_ms":0', data))
+            verdict = verdicts.get(masked)
+            if verdict is None:
+                if len(verdicts) >= _VERDICTS_MAX:
+                    verdicts.clear()
+                key = CacheKey(ck.decode(), backend.decode(), *contexts[ctx])
+                verdict = verdicts[masked] = _verdict(key, data)
+            if verdict is False or verdict != (supported, stage):
+                skip.append((ck, backend, ctx))
+                self.slow.append((ck.decode(), backend.decode(), ctx))
+                slow += 1
+        emit(lo, None, skip)
+        self.seen = base + n
+        self.passed += self.seen - len(self.rejected) - slow
+
+    def configs(self, cursor: Any) -> list[Any]:
+        """Check every config row of ``cursor`` (:data:`_VERIFY_CONFIGS`); the keys the bulk copy
+        leaves out: a bad one is dropped (its rows stay), one that is not plainly flat (valid
+        JSON: SQL checked it) or holds anything suspect goes to the validator."""
+        skip = []
+        for ck, sql_ok, data in cursor:
+            if not sql_ok or type(ck) is not bytes or ck.strip(_HEX_BYTES):
+                self.rejected.append((0, "a config row fails the pack's checks (dropped)"))
+            elif type(data) is not bytes or _suspect(data) or not _flat_shape(data):
+                self.slow_configs.append(ck.decode())
+            else:
+                continue
+            skip.append((ck,))
+        return skip
 
 
-def _verdict(key: CacheKey, data: bytes) -> tuple[int, str] | bool:
-    """``(supported as 0/1, stage)`` if the validator accepts this result unchanged for a row of
-    key ``key`` (the columns must agree), else ``False``."""
+def _verdict(key: CacheKey, data: bytes) -> tuple[int, bytes] | bool:
+    """``(supported as 0/1, stage as UTF-8)`` if the validator accepts this result unchanged for
+    a row of key ``key`` (the columns must agree), else ``False``."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
@@ -412,24 +464,25 @@ def _verdict(key: CacheKey, data: bytes) -> tuple[int, str] | bool:
                         "versions_key": key[3], "result": obj})  # fmt: skip
     if not isinstance(row, CacheRow) or row.result != obj:
         return False
-    return (1 if obj["supported"] else 0), str(obj.get("stage", "rule"))
+    return (1 if obj["supported"] else 0), str(obj.get("stage", "rule")).encode()
 
 
-def _contexts(conn: sqlite3.Connection) -> tuple[list[int], str | None]:
-    """The pack's context ids, or why the pack is refused (an id that is not the hash of its
-    device and software stack, a device JSON the validator refuses)."""
-    good: list[int] = []
+def _contexts(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], str | None]:
+    """The pack's contexts (id -> device fingerprint, versions key), or why the pack is refused
+    (an id that is not the hash of its device and software stack, a device JSON the validator
+    refuses)."""
+    good: dict[int, tuple[str, str]] = {}
     where = _qualified(CONTEXT_CHECKS, "c")
     for ctx, fp, vk, device, ok in conn.execute(
             f"SELECT c.ctx, c.device_fp, c.versions_key, c.device, CASE WHEN {where} THEN 1"
             " ELSE 0 END FROM pk.contexts c"):  # fmt: skip
         if not ok or ctx != ctx_id(fp, vk):
-            return [], f"context {str(ctx)[:24]} is not the id of its device and software stack"
+            return {}, f"context {str(ctx)[:24]} is not the id of its device and software stack"
         if device is not None:
             checked = validate_flat(json.loads(device), "device")
             if isinstance(checked, str):
-                return [], f"context {ctx}: {checked}"
-        good.append(int(ctx))
+                return {}, f"context {ctx}: {checked}"
+        good[int(ctx)] = (fp, vk)
     return good, None
 
 
@@ -460,15 +513,31 @@ _CONFLICT = {
 
 
 def _connect_store(store: ProbeCache) -> sqlite3.Connection:
-    """A connection of its own to the store's file (a pack's trouble never degrades the store)."""
+    """A connection of its own to the store's file (a pack's trouble never degrades the store);
+    the copier thread uses it while the calling thread waits."""
     conn = sqlite3.connect(f"file:{quote(str(store.path))}", uri=True, isolation_level=None,
-                           timeout=getattr(store, "busy_timeout_s", BUSY_TIMEOUT_S))  # fmt: skip
+                           timeout=getattr(store, "busy_timeout_s", BUSY_TIMEOUT_S),
+                           check_same_thread=False)  # fmt: skip
     conn.execute("PRAGMA cache_size=-65536")
     conn.execute("PRAGMA trusted_schema=OFF")  # schema objects may use innocuous functions only
     return conn
 
 
-def _check_pack(conn: sqlite3.Connection) -> list[int]:
+def _connect_pack(pack: Path) -> sqlite3.Connection:
+    """The checking thread's read-only connection to the pack."""
+    conn = sqlite3.connect(f"file:{quote(str(pack))}?mode=ro", uri=True, isolation_level=None)
+    conn.execute("PRAGMA trusted_schema=OFF")
+    conn.execute("PRAGMA cell_size_check=ON")
+    return conn
+
+
+def _change_counter(pack: Path) -> bytes:
+    """The file change counter of the pack's header (a committed write changes it)."""
+    with _files.open_regular(pack) as f:
+        return f.read(28)[24:28]
+
+
+def _check_pack(conn: sqlite3.Connection) -> dict[int, tuple[str, str]]:
     """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts."""
     found = [str(r[0]) for r in conn.execute("PRAGMA pk.quick_check(5)")]
     if found != ["ok"]:
@@ -482,10 +551,101 @@ def _check_pack(conn: sqlite3.Connection) -> list[int]:
     return ctxs
 
 
+_FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
+#: Rows per range of the pipelined copy (a range ends where a config begins).
+CHUNK_ROWS = 8192
+#: The checking scan (key order: the primary key, no sort) and the copier's range copy. The
+#: copier also takes only well-typed keys (the checks' bounds are text), and leaves out the keys
+#: the checks named (``temp.te_pack_skip``, compared as bytes: any stored type).
+_VERIFY_ROWS = (
+    "SELECT CAST(p.config_key AS BLOB), CAST(p.backend AS BLOB), p.ctx, p.crc, p.supported,"
+    " CAST(p.stage AS BLOB), CAST(p.result AS BLOB), CASE WHEN {ok} THEN 1 ELSE 0 END"
+    " FROM probes p ORDER BY p.config_key, p.backend, p.ctx"
+)
+_VERIFY_CONFIGS = ("SELECT CAST(g.config_key AS BLOB), CASE WHEN {ok} THEN 1 ELSE 0 END,"
+                   " CAST(g.config AS BLOB) FROM configs g ORDER BY g.config_key")  # fmt: skip
+_SKIP_DDL = (
+    "CREATE TEMP TABLE IF NOT EXISTS te_pack_skip (ck BLOB, backend BLOB, ctx,"
+    " PRIMARY KEY (ck, backend, ctx))",
+    "CREATE TEMP TABLE IF NOT EXISTS te_pack_skip_cfg (ck BLOB PRIMARY KEY)",
+)
+_RANGE = (
+    f"INSERT INTO main.probes ({_COLUMNS}) SELECT {_P_COLUMNS} FROM pk.probes p"
+    " WHERE p.config_key >= ?{hi} AND typeof(p.config_key) = 'text'"
+    " AND typeof(p.backend) = 'text' AND typeof(p.ctx) = 'integer' AND NOT EXISTS (SELECT 1 FROM"
+    " temp.te_pack_skip s WHERE s.ck = CAST(p.config_key AS BLOB)"
+    " AND s.backend = CAST(p.backend AS BLOB) AND s.ctx = p.ctx)"
+)
+_CONFIGS = (
+    "INSERT INTO main.configs (config_key, config) SELECT g.config_key, g.config FROM pk.configs g"
+    " WHERE typeof(g.config_key) = 'text' AND typeof(g.config) = 'text' AND NOT EXISTS (SELECT 1"
+    " FROM temp.te_pack_skip_cfg s WHERE s.ck = CAST(g.config_key AS BLOB)) ON CONFLICT DO NOTHING"
+)
+
+
+class _Copier(threading.Thread):
+    """Copies the checked ranges of the pack with SQL on the store's connection while the calling
+    thread checks the next (SQLite runs without the GIL: the two use both cores)."""
+
+    def __init__(self, conn: sqlite3.Connection, rule: str) -> None:
+        super().__init__(name="te-fl-attn-pack-copy", daemon=True)
+        self.conn, self.jobs = conn, queue.SimpleQueue()
+        self.error: BaseException | None = None
+        tail = _CONFLICT[rule]
+        self.sql = (_RANGE.format(hi=" AND p.config_key < ?") + tail, _RANGE.format(hi="") + tail)
+
+    def run(self) -> None:
+        conn = self.conn
+        while (job := self.jobs.get()) is not None:
+            if self.error is not None:
+                continue  # drain: the calling thread rolls back
+            try:
+                kind, lo, hi, skip = job
+                if kind == "configs":
+                    conn.executemany("INSERT OR IGNORE INTO temp.te_pack_skip_cfg VALUES (?)", skip)
+                    conn.execute(_CONFIGS)
+                    continue
+                conn.executemany("INSERT OR IGNORE INTO temp.te_pack_skip VALUES (?, ?, ?)", skip)
+                if hi is None:
+                    conn.execute(self.sql[1], (lo,))
+                else:
+                    conn.execute(self.sql[0], (lo, hi))
+            except BaseException as exc:  # (re-raised by the calling thread)
+                self.error = exc
+
+    def emit(self, lo: str, hi: str | None, skip: list[tuple[Any, ...]]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.jobs.put(("rows", lo, hi, skip))
+
+    def finish(self) -> None:
+        """Wait for every queued copy; re-raise the copier's error."""
+        self.jobs.put(None)
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+    def abort(self) -> None:
+        """Stop at once (the statement running is interrupted) and wait."""
+        self.error = self.error or PackError("stopped")
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.interrupt()
+        self.jobs.put(None)
+        self.join()
+
+
 def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
-    """Check and copy the attached pack's rows in one transaction (committed on return)."""
+    """Check and copy the attached pack's rows in one transaction (committed on return).
+
+    The checks (SQL per row in the scan, then Python: key digits, checksum, the validator's
+    verdict) run on this thread over a connection of their own, in key order; each checked range
+    of keys goes to the :class:`_Copier` thread, which copies it (less the keys the checks left
+    out) with one ``INSERT ... SELECT``. Both read the same snapshot (each holds its read lock
+    from before the copy to the commit, and the header's change counter must not move).
+    """
     result = PackResult()
     check = _Pass()
+    counter = _change_counter(pack)
     try:
         conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
         ctxs = _check_pack(conn)
@@ -493,15 +653,17 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
         raise PackError(f"cannot read the pack: {exc}") from None
-    # (registered once the schema is known to be ours: no schema object can call them)
-    conn.create_function("te_pack_row", 11, check.row_ok)
-    conn.create_function("te_json_ok", 3, check.json_ok)
+    reader = _connect_pack(pack)
+    copier: _Copier | None = None
     try:
         max_created = time.time() + MAX_CLOCK_SKEW_S
         sql_ok = (f"({_qualified(ROW_WHERE, 'p')}) AND p.created_at <= {max_created!r}"
-                  f" AND c.ctx IS NOT NULL AND p.ctx IN ({','.join(map(str, ctxs)) or 'NULL'})")
-        guarded = f"CASE WHEN {sql_ok} THEN 1 ELSE 0 END"
+                  f" AND p.ctx IN ({','.join(map(str, ctxs)) or 'NULL'})")  # fmt: skip
+        for ddl in _SKIP_DDL:
+            conn.execute(ddl)
         conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DELETE FROM temp.te_pack_skip")
+        conn.execute("DELETE FROM temp.te_pack_skip_cfg")
         before = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
         conn.execute(
             "INSERT INTO contexts (ctx, device_fp, versions_key, device) SELECT ctx, device_fp,"
@@ -515,30 +677,36 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
                 " AND m.ctx = p.ctx"
             ).fetchone()  # fmt: skip
             result.duplicates, result.conflicts = int(counts[0] or 0), int(counts[1] or 0)
-        conn.execute(
-            f"INSERT INTO probes ({_COLUMNS}) SELECT {_P_COLUMNS} FROM pk.probes p LEFT JOIN"
-            f" pk.contexts c ON c.ctx = p.ctx WHERE te_pack_row({guarded},"
-            " length(CAST(p.result AS BLOB)), p.config_key, p.backend, p.ctx, c.device_fp,"
-            " c.versions_key, p.crc, p.supported, p.stage, CAST(p.result AS BLOB))"
-            f"{_CONFLICT[rule]}"
-        )  # fmt: skip
+        reader.execute("BEGIN")
+        copier = _Copier(conn, rule)
+        copier.start()
+        try:
+            check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
+            cfg_ok = _qualified(CONFIG_WHERE, "g")
+            skip = check.configs(reader.execute(_VERIFY_CONFIGS.format(ok=cfg_ok)))
+        except sqlite3.DatabaseError as exc:  # the checks' own reads of the pack
+            raise PackError(f"cannot read the pack: {exc}") from None
+        copier.jobs.put(("configs", None, None, skip))
+        copier.finish()
+        copier = None
         passed = check.passed + _slow_rows(conn, rule, check)
         _copy_configs(conn, check)
         after = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
+        if _change_counter(pack) != counter:
+            raise PackError("the pack changed while it was read")
         conn.execute("COMMIT")
-    except sqlite3.Error:
+    except BaseException as exc:
+        if copier is not None:
+            copier.abort()
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-        if check.refusal:
+        if check.refusal and not isinstance(exc, PackError):
             raise PackError(check.refusal) from None
         raise
-    except BaseException:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
     finally:
+        with contextlib.suppress(sqlite3.Error):
+            reader.close()
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
     result.written = int(after - before)  # new keys (a merge's replaced rows are not counted)
@@ -548,7 +716,7 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
 
 
 def _slow_rows(conn: sqlite3.Connection, rule: str, check: _Pass) -> int:
-    """Rows the quick SQL test did not pass, through the full Python validator (which also
+    """Rows the quick checks did not pass, through the full Python validator (which also
     cleans strings); returns how many passed."""
     sql = ("SELECT p.config_key, p.backend, c.device_fp, c.versions_key, p.created_at,"
            " p.package_version, p.crc, CAST(p.result AS BLOB) FROM pk.probes p JOIN pk.contexts c"
@@ -582,13 +750,8 @@ def _slow_rows(conn: sqlite3.Connection, rule: str, check: _Pass) -> int:
 
 
 def _copy_configs(conn: sqlite3.Connection, check: _Pass) -> None:
-    """Config JSON (display only): the quick SQL test, else the Python validator; a bad one is
-    dropped (its rows stay) and counted."""
-    ok = _qualified(CONFIG_WHERE, "g")
-    quick = (f"te_json_ok(CASE WHEN {ok} THEN 1 ELSE 0 END, g.config_key,"
-             " CAST(g.config AS BLOB))")
-    conn.execute(f"INSERT INTO configs (config_key, config) SELECT g.config_key, g.config FROM"
-                 f" pk.configs g WHERE {quick} ON CONFLICT DO NOTHING")  # fmt: skip
+    """The configs the quick test did not pass (the copier took the others), through the Python
+    validator; a bad one is dropped (its rows stay) and counted."""
     sql = "SELECT config FROM pk.configs WHERE config_key = ?"
     for ck in check.slow_configs:
         text = conn.execute(sql, (ck,)).fetchone()[0]

@@ -4,6 +4,7 @@ rule (a pack row cannot widen what the local rules refuse)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -14,8 +15,11 @@ import time
 
 import pytest
 from cache_testutil import FP, ROOT, VK, key, result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from te_fl_attention.cache import ProbeCache, pack, transfer
+from te_fl_attention.cache import rows as rows_mod
 from te_fl_attention.cache.keys import CacheKey
 from te_fl_attention.cache.rows import MAX_ROW, row_crc
 from te_fl_attention.reasons import ProbeResult
@@ -351,3 +355,89 @@ def test_a_pack_row_claiming_fused_for_fp32_cannot_make_select_choose_it(tmp_pat
     fp32 = FusedAttnConfig(dtype="fp32", max_seqlen_q=256, num_heads=8)
     d = selector.select(fp32, "h100", Policy())
     assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
+
+
+# --------------------------------------------------------------------------- the pipelined copy
+@pytest.mark.parametrize("chunk", [1, 3, 8192])
+def test_ranges_copy_exactly_the_rows_the_checks_pass(packed, tmp_path, monkeypatch, chunk):
+    """Checked ranges of keys are copied while the next is checked: whatever the range size, the
+    rows written are the rows that pass, bad rows in any range stay out, and the counts hold."""
+    store, path = packed
+    monkeypatch.setattr(pack, "CHUNK_ROWS", chunk)
+    ordered = sorted({key(i)[0] for i in range(20)})
+    bad = [ordered[0], ordered[7], ordered[-1]]  # the first, a middle and the last range
+    for ck in bad:
+        _edit(path, "UPDATE probes SET crc = crc + 1 WHERE config_key = ? AND backend = 'flash'",
+              params=(ck,))  # fmt: skip
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    report = transfer.import_(fresh, path)
+    assert (report.imported, report.skipped, len(report.rejected)) == (37, 0, 3)
+    want = {k: v for k, v in _rows(store).items() if not (k.backend == "flash" and k[0] in bad)}
+    got = _rows(fresh)
+    got.pop(key(1000))
+    assert got == want and fresh.check_integrity() is None
+    merged = transfer.merge(path, store.path, tmp_path / "m.sqlite")
+    assert merged.written == 40
+
+
+def test_a_refusal_in_a_later_range_applies_nothing(packed, tmp_path, monkeypatch):
+    """A huge row met after earlier ranges were copied rolls back the copied ranges too."""
+    _, path = packed
+    monkeypatch.setattr(pack, "CHUNK_ROWS", 2)
+    last = max(key(i)[0] for i in range(20))
+    _edit(path, f"UPDATE probes SET result = result || '{' ' * (MAX_ROW + 10)}'"
+          " WHERE config_key = ? AND backend = 'fused'", params=(last,))  # fmt: skip
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    with pytest.raises(pack.PackError, match="bytes"):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 0 and fresh.check_integrity() is None
+
+
+def test_a_pack_that_changes_while_it_is_read_is_refused(packed, tmp_path, monkeypatch):
+    """The header's change counter is read before the checks and again before the commit."""
+    _, path = packed
+    real = pack._change_counter
+    calls = []
+
+    def counter(p):
+        calls.append(p)
+        return real(p) if len(calls) == 1 else b"\xff\xff\xff\xff"
+
+    monkeypatch.setattr(pack, "_change_counter", counter)
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    with pytest.raises(pack.PackError, match="changed"):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 0 and len(calls) == 2
+
+
+def test_rows_out_of_key_order_refuse_the_pack():
+    """The checks read in key order and hand on ranges of keys; a scan out of order (a damaged
+    b-tree) could copy a row before its check, so it refuses the pack."""
+    ctxs = {7: (FP, VK)}
+    a, b = (hashlib.sha256(s).hexdigest().encode() for s in (b"a", b"b"))
+    lo, hi = sorted((a, b))
+    rows = [(hi, b"fused", 7, 0, 1, b"rule", b"{}", 1), (lo, b"fused", 7, 0, 1, b"rule", b"{}", 1)]
+    check = pack._Pass()
+    with pytest.raises(pack.PackError, match="key order"):
+        check.rows(iter(rows), ctxs, lambda *a: None)
+    sent = []
+    pack._Pass().rows(iter(rows[::-1]), ctxs, lambda *a: sent.append(a))
+    assert sent == [("", None, [(lo, b"fused", 7), (hi, b"fused", 7)])]  # bad crc: both skipped
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(obj=st.dictionaries(st.text(max_size=12), _SCALARS | st.lists(_SCALARS, max_size=4),
+                           max_size=8),  # fmt: skip
+       ascii_only=st.booleans())
+def test_a_config_the_byte_test_passes_is_one_the_validator_keeps_unchanged(obj, ascii_only):
+    """The quick test of a config's bytes (nothing suspect, flat; after SQL's json_valid) never
+    passes a config the validator would reject or clean."""
+    data = json.dumps(obj, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    parsed = json.loads(data)
+    if not pack._suspect(data) and pack._flat_shape(data):
+        assert rows_mod.validate_flat(parsed, "config") == parsed
