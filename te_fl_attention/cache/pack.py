@@ -69,6 +69,8 @@ from .rows import (
     MAX_ROW,
     MAX_STRING,
     CacheRow,
+    crc_head,
+    crc_tail,
     ctx_id,
     dumps,
     row_crc,
@@ -359,15 +361,14 @@ def _schema_problem(conn: sqlite3.Connection) -> str | None:
 
 @dataclass
 class _Pass:
-    """The Python half of the row checks: counts, the first problems, the refusal, and the keys
-    the bulk copy leaves out (rejected, or for the full validator)."""
+    """The Python half of the row checks: counts, the first problems, and the keys the bulk copy
+    leaves out (rejected, or for the full validator)."""
 
     passed: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
     slow: list[tuple[Any, Any, Any]] = field(default_factory=list)
     verdicts: dict[Any, Any] = field(default_factory=dict)  # masked text -> the verdict
     slow_configs: list[Any] = field(default_factory=list)
-    refusal: str | None = None
     seen: int = 0
 
     def reject(self, reason: str) -> None:
@@ -382,40 +383,32 @@ class _Pass:
         last_ok = False
         lo, skip, n, base, slow = "", [], 0, self.seen, 0
         verdicts, elapsed, crc32 = self.verdicts, _ELAPSED.sub, zlib.crc32
-        # CRC of "backend\0fp\0vk\0" after the key's, per (context, backend): built on use
-        tails: dict[Any, dict[Any, bytes]] = {c: {} for c in contexts}
-        last_ctx: Any = None
+        tails: dict[Any, bytes] = {}  # (context, backend) -> the checksum's bytes after the key
         ck_crc = 0
-        by_backend: dict[Any, bytes] = {}
         rejected = self.rejected
 
         for ck, backend, ctx, crc, supported, stage, data, sql_ok in cursor:
             if data is not None and len(data) > MAX_ROW:
-                self.refusal = f"a row of {len(data)} bytes (limit {MAX_ROW})"
-                raise PackError(self.refusal)
+                raise PackError(f"a row of {len(data)} bytes (limit {MAX_ROW})")
             if ck != last_ck:
                 last_ok = type(ck) is bytes and len(ck) == 64 and not ck.strip(_HEX_BYTES)
                 if last_ok:
                     if type(last_ck) is bytes and ck <= last_ck:  # the scan must be in key order
-                        self.refusal = "the pack's rows are not in key order (a damaged file)"
-                        raise PackError(self.refusal)
+                        raise PackError("the pack's rows are not in key order (a damaged file)")
                     if n >= CHUNK_ROWS:  # a range ends where a config begins
                         hi = ck.decode()
                         emit(lo, hi, skip)
                         lo, skip, base, n = hi, [], base + n, 0
                     last_ck = ck
-                    ck_crc = crc32(ck + b"\0")
+                    ck_crc = crc32(crc_head(ck.decode()))
             n += 1
             if not (sql_ok and last_ok):
                 skip.append((ck, backend, ctx))
                 rejected.append((base + n, _FAILS_SQL))
                 continue
-            if ctx != last_ctx:
-                last_ctx, by_backend = ctx, tails[ctx]
-            tail = by_backend.get(backend)
+            tail = tails.get((ctx, backend))
             if tail is None:
-                fp, vk = contexts[ctx]
-                tail = by_backend[backend] = backend + f"\0{fp}\0{vk}\0".encode()
+                tail = tails[ctx, backend] = crc_tail(backend.decode(), *contexts[ctx])
             if crc32(data, crc32(tail, ck_crc)) != crc:
                 skip.append((ck, backend, ctx))
                 rejected.append((base + n, "checksum mismatch"))
@@ -565,9 +558,9 @@ _VERIFY_ROWS = (
 _VERIFY_CONFIGS = ("SELECT CAST(g.config_key AS BLOB), CASE WHEN {ok} THEN 1 ELSE 0 END,"
                    " CAST(g.config AS BLOB) FROM configs g ORDER BY g.config_key")  # fmt: skip
 _SKIP_DDL = (
-    "CREATE TEMP TABLE IF NOT EXISTS te_pack_skip (ck BLOB, backend BLOB, ctx,"
+    "CREATE TEMP TABLE te_pack_skip (ck BLOB, backend BLOB, ctx,"
     " PRIMARY KEY (ck, backend, ctx))",
-    "CREATE TEMP TABLE IF NOT EXISTS te_pack_skip_cfg (ck BLOB PRIMARY KEY)",
+    "CREATE TEMP TABLE te_pack_skip_cfg (ck BLOB PRIMARY KEY)",
 )
 _RANGE = (
     f"INSERT INTO main.probes ({_COLUMNS}) SELECT {_P_COLUMNS} FROM pk.probes p"
@@ -659,11 +652,9 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         max_created = time.time() + MAX_CLOCK_SKEW_S
         sql_ok = (f"({_qualified(ROW_WHERE, 'p')}) AND p.created_at <= {max_created!r}"
                   f" AND p.ctx IN ({','.join(map(str, ctxs)) or 'NULL'})")  # fmt: skip
-        for ddl in _SKIP_DDL:
+        for ddl in _SKIP_DDL:  # (the connection is this import's own: new tables)
             conn.execute(ddl)
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("DELETE FROM temp.te_pack_skip")
-        conn.execute("DELETE FROM temp.te_pack_skip_cfg")
         before = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
         conn.execute(
             "INSERT INTO contexts (ctx, device_fp, versions_key, device) SELECT ctx, device_fp,"
@@ -695,14 +686,12 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         if _change_counter(pack) != counter:
             raise PackError("the pack changed while it was read")
         conn.execute("COMMIT")
-    except BaseException as exc:
+    except BaseException:
         if copier is not None:
             copier.abort()
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-        if check.refusal and not isinstance(exc, PackError):
-            raise PackError(check.refusal) from None
         raise
     finally:
         with contextlib.suppress(sqlite3.Error):

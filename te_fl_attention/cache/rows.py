@@ -59,6 +59,18 @@ def row_crc_bytes(key: CacheKey, result_utf8: bytes) -> int:
     return zlib.crc32(result_utf8, zlib.crc32(f"{key[0]}\0{key[1]}\0{key[2]}\0{key[3]}\0".encode()))
 
 
+def crc_head(config_key: str) -> bytes:
+    """The bytes :func:`row_crc_bytes` covers first (the config key); with :func:`crc_tail`,
+    ``zlib.crc32(result, zlib.crc32(tail, zlib.crc32(head)))`` is the row's checksum (a bulk check
+    computes the head once per config and the tail once per backend and context)."""
+    return f"{config_key}\0".encode()
+
+
+def crc_tail(backend: str, device_fp: str, versions_key: str) -> bytes:
+    """The bytes :func:`row_crc_bytes` covers between the config key and the result."""
+    return f"{backend}\0{device_fp}\0{versions_key}\0".encode()
+
+
 def finite(value: Any) -> float:
     """A finite float for a REAL column (SQLite stores NaN as NULL)."""
     try:

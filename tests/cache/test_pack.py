@@ -395,16 +395,26 @@ def test_a_refusal_in_a_later_range_applies_nothing(packed, tmp_path, monkeypatc
 
 
 def test_a_pack_that_changes_while_it_is_read_is_refused(packed, tmp_path, monkeypatch):
-    """The header's change counter is read before the checks and again before the commit."""
+    """The header's change counter is read before the checks and again before the commit: a
+    real write by another connection in between (here right after the whole-pack checks, when
+    no lock is held yet) refuses the pack."""
     _, path = packed
-    real = pack._change_counter
+    real_counter, real_check = pack._change_counter, pack._check_pack
     calls = []
 
     def counter(p):
         calls.append(p)
-        return real(p) if len(calls) == 1 else b"\xff\xff\xff\xff"
+        return real_counter(p)
+
+    def check_then_write(conn):
+        found = real_check(conn)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("UPDATE meta SET value = value || ' ' WHERE name = 'exported_at'")
+        other.close()
+        return found
 
     monkeypatch.setattr(pack, "_change_counter", counter)
+    monkeypatch.setattr(pack, "_check_pack", check_then_write)
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     with pytest.raises(pack.PackError, match="changed"):
         transfer.import_(fresh, path)

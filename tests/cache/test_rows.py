@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import zlib
 
 from cache_testutil import key
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from te_fl_attention.cache import reader
 from te_fl_attention.cache import rows as codec
-from te_fl_attention.cache.keys import known_backends
+from te_fl_attention.cache.keys import CacheKey, known_backends
 from te_fl_attention.cache.rows import CacheRow, make_row
 from te_fl_attention.reasons import ProbeResult, Reason
 
@@ -306,3 +307,15 @@ def _get(value: object, path) -> object:
     for step in path:
         value = value[step]
     return value
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.tuples(*[st.text(max_size=70)] * 4), result=st.text(max_size=200))
+def test_the_checksum_split_after_the_key_is_the_row_checksum(parts, result):
+    """A bulk check's checksum (head once per config, tail once per backend and context) is
+    the one every read verifies, for any text."""
+    k = CacheKey(*parts)
+    data = result.encode()  # (hypothesis text has no lone surrogates)
+    head, tail = codec.crc_head(k[0]), codec.crc_tail(*k[1:])
+    split = zlib.crc32(data, zlib.crc32(tail, zlib.crc32(head)))
+    assert split == codec.row_crc_bytes(k, data) == codec.row_crc(k, result)
