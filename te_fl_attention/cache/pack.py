@@ -177,9 +177,10 @@ PACK_SCHEMA: dict[str, str] = {
         "result TEXT NOT NULL"], PROBE_CHECKS,
         ", PRIMARY KEY (config_key, backend, ctx)) WITHOUT ROWID"),  # fmt: skip
 }
-#: An ``elapsed_ms`` value in range written plainly (no sign, no exponent): the text of a result
-#: with these masked is the key of the verdict cache (any such value passes the validator).
-_ELAPSED = re.compile(rb'"elapsed_ms":[0-9]{1,9}(?:\.[0-9]{1,20})?(?=[,}])')
+#: An ``elapsed_ms`` value in range written plainly (no sign, no exponent, no leading zero: JSON
+#: allows none): the text of a result with these masked is the key of the verdict cache (any such
+#: value passes the validator, and a text is valid JSON exactly when its masked text is).
+_ELAPSED = re.compile(rb'"elapsed_ms":(?:0|[1-9][0-9]{0,8})(?:\.[0-9]{1,20})?(?=[,}])')
 _VERDICTS_MAX = 100_000
 
 
@@ -456,7 +457,7 @@ class _Pass:
     def _whole(self, rows: list[Any], contexts: dict[int, tuple[str, str]]) -> bool:
         """True if every row of the batch passes (then nothing is recorded but the verdicts and
         the key order); False: some row fails, :meth:`_each` says which and why."""
-        cks, backends, ctxs, crcs, sups, stages, datas, oks = zip(*rows)
+        cks, backends, ctxs, crcs, sups, stages, datas, oks = zip(*rows, strict=True)
         if 0 in oks:  # (1: SQL passed the row: typed, sized, in range, of a checked context)
             return False
         if b"".join(cks).translate(None, _HEX_BYTES):  # (64 characters each: SQL checked)
@@ -466,26 +467,26 @@ class _Pass:
         if not all(map(operator.le, cks, itertools.islice(cks, 1, None))):
             return False
         crc32, tails = zlib.crc32, self.tails
-        pairs = list(zip(ctxs, backends))
+        pairs = list(zip(ctxs, backends, strict=True))
         for pair in set(pairs) - tails.keys():  # (one per context and backend)
             tails[pair] = crc_tail(pair[1].decode(), *contexts[pair[0]])
         heads = {ck: crc32(crc_head(ck.decode())) for ck in set(cks)}
         starts = map(crc32, map(tails.__getitem__, pairs), map(heads.__getitem__, cks))
         if tuple(map(crc32, datas, starts)) != crcs:
             return False
-        masked = list(zip(backends, map(_MASK, datas)))
+        masked = list(zip(backends, map(_MASK, datas), strict=True))
         verdicts = self.verdicts
         new = set(masked) - verdicts.keys()
         if new:
             if len(verdicts) + len(new) > _VERDICTS_MAX:
                 verdicts.clear()
                 new = set(masked)
-            where = dict(zip(masked, range(len(rows))))  # a row of each text
+            where = dict(zip(masked, range(len(rows)), strict=True))  # a row of each text
             for m in new:
                 i = where[m]
                 key = CacheKey(cks[i].decode(), backends[i].decode(), *contexts[ctxs[i]])
                 verdicts[m] = _verdict(key, datas[i])
-        if list(map(verdicts.__getitem__, masked)) != list(zip(sups, stages)):
+        if list(map(verdicts.__getitem__, masked)) != list(zip(sups, stages, strict=True)):
             return False
         self.last = cks[-1]
         return True
@@ -566,7 +567,7 @@ def _plain_configs(batch: list[Any]) -> bool:
     test: a text holding a newline of its own fails it; an object holds at least its own two
     braces, so n texts holding n of each hold one each; no searched run and no ``[]`` pair can
     cross a newline, so the bracket test of the joined text is that of each text."""
-    cks, oks, datas = zip(*batch)
+    cks, oks, datas = zip(*batch, strict=True)
     if 0 in oks or b"".join(cks).translate(None, _HEX_BYTES):  # (all text: SQL checked)
         return False
     if max(map(len, datas)) > MAX_STRING or max(map(_COLONS, datas)) > 256:

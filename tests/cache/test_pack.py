@@ -168,6 +168,32 @@ def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cac
     assert len([m for m in cache_log.at(30) if "rejected" in m]) == 1
 
 
+
+@pytest.mark.parametrize("number", ["01.5", "00", "-1.5", "1e3", "1000000000.5"])
+def test_a_result_that_differs_from_a_good_one_only_in_its_elapsed_ms_is_validated(
+        packed, tmp_path, number):  # fmt: skip
+    """The verdict cache masks plain in-range ``elapsed_ms`` values only: a text with a leading
+    zero (not JSON), a sign, an exponent or a value out of range gets a verdict of its own."""
+    _, path = packed
+    base = {**result(1, "fused").to_dict(), "elapsed_ms": 1.5}
+    updates = []
+    # (the good one is read last: the batch check takes each text's verdict from its last row)
+    second, first = sorted((1, 2), key=lambda i: key(i)[0])
+    for i, value in ((first, "1.5"), (second, number)):
+        ck = key(i)[0]
+        text = json.dumps(base, separators=(",", ":")).replace('"elapsed_ms":1.5',
+                                                                 f'"elapsed_ms":{value}')
+        crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
+        updates.append(f"UPDATE probes SET result = '{text}', crc = {crc}, supported = 1,"
+                       f" stage = 'rule' WHERE config_key = '{ck}' AND backend = 'fused'")
+    _edit(path, *updates)
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    report = transfer.import_(fresh, path)
+    assert fresh.get(key(first, "fused")).elapsed_ms == 1.5
+    valid = number in ("1e3",)  # (1000.0: in range, written another way)
+    assert (fresh.get(key(second, "fused")) is not None) == valid
+    assert report.imported == 40 - (not valid) and len(report.rejected) == (not valid)
+
 # --------------------------------------------------------------------------------- hostile packs
 HOSTILE = {
     "trigger": ["CREATE TRIGGER t AFTER INSERT ON meta BEGIN DELETE FROM meta; END"],
