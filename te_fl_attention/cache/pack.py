@@ -44,11 +44,8 @@ is unchanged: imported rows are evidence that the rule stage still narrows at us
 from __future__ import annotations
 
 import contextlib
-import functools
-import itertools
 import json
 import logging
-import operator
 import os
 import queue
 import re
@@ -188,20 +185,14 @@ _DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
 _HEX_DIGITS = "0123456789abcdef"
 _HEX_BYTES = _HEX_DIGITS.encode()
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]")
-_NOT_BRACKETS_NL = bytes(b for b in range(256) if b not in b"[]\n")
 
 
 def _suspect(data: bytes) -> bool:
-    """True if the JSON text ``data`` may hold what a test of its bytes cannot judge: more than
-    :data:`.rows.MAX_STRING` bytes (maybe too long a string), or :func:`_suspect_bytes`."""
-    return len(data) > MAX_STRING or _suspect_bytes(data)
-
-
-def _suspect_bytes(data: bytes) -> bool:
-    """True if ``data`` holds an escape (maybe of a control character or a surrogate, which the
-    validator replaces), a raw DEL or C1 character, a run of 17 digits (maybe an integer beyond
-    64 bits) or a 3-digit exponent (maybe not finite)."""
-    if b"\x7f" in data or b"\xc2" in data:
+    """True if the JSON text ``data`` may hold what a test of its bytes cannot judge: an escape
+    (maybe of a control character or a surrogate, which the validator replaces), a raw DEL or C1
+    character, a run of 17 digits (maybe an integer beyond 64 bits), a 3-digit exponent (maybe
+    not finite), or more than :data:`.rows.MAX_STRING` bytes (maybe too long a string)."""
+    if len(data) > MAX_STRING or b"\x7f" in data or b"\xc2" in data:
         return True
     if b"\\" in data and (b"\\u" in data or b"\\b" in data or b"\\f" in data
                            or b"\\r" in data):  # fmt: skip
@@ -369,41 +360,10 @@ def _schema_problem(conn: sqlite3.Connection) -> str | None:
     return None
 
 
-def _fetcher(cursor: Any) -> Any:
-    """``fetch(size)``: the next ``size`` rows of ``cursor`` (fewer: the last), as a list."""
-    fetch = getattr(cursor, "fetchmany", None)
-    if fetch is not None:
-        return fetch
-    it = iter(cursor)
-    return lambda size: list(itertools.islice(it, size))
-
-
-def _config_start(rows: list[Any]) -> int:
-    """Where the last config of ``rows`` (in key order) begins; 0 when that is the first row or
-    its key is not 64 hex digits (a range never ends on a malformed key)."""
-    last = rows[-1][0]
-    if type(last) is not bytes or len(last) != 64 or last.strip(_HEX_BYTES):
-        return 0
-    i = len(rows) - 1
-    while i > 0 and rows[i - 1][0] == last:
-        i -= 1
-    return i
-
-
-#: ``mask(text)``: a result's text with its plain in-range ``elapsed_ms`` values masked.
-_MASK = functools.partial(_ELAPSED.sub, b'"elapsed_ms":0')
-_COLONS = operator.methodcaller("count", b'":')
-
-
 @dataclass
 class _Pass:
     """The Python half of the row checks: counts, the first problems, and the keys the bulk copy
-    leaves out (rejected, or for the full validator).
-
-    Rows are read in batches of :data:`CHUNK_ROWS`. A batch is first checked as a whole with
-    C-level passes over its columns (every key 64 hex digits and in order, every checksum, every
-    masked text's cached verdict agreeing with its columns); only a batch with a failing row goes
-    through the row-by-row loop, which names each failure."""
+    leaves out (rejected, or for the full validator)."""
 
     passed: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)
@@ -411,8 +371,6 @@ class _Pass:
     verdicts: dict[Any, Any] = field(default_factory=dict)  # masked text -> the verdict
     slow_configs: list[Any] = field(default_factory=list)
     seen: int = 0
-    last: Any = None  # the last well-formed config key checked (bytes): the scan's key order
-    tails: dict[Any, bytes] = field(default_factory=dict)  # (context, backend) -> checksum bytes
 
     def reject(self, reason: str) -> None:
         self.seen += 1
@@ -421,107 +379,44 @@ class _Pass:
     def rows(self, cursor: Any, contexts: dict[int, tuple[str, str]], emit: Any) -> None:
         """Check every row of ``cursor`` (:data:`_VERIFY_ROWS`, in key order) and hand the copier
         each checked range of config keys with the keys it must leave out (``emit(lo, hi,
-        skip)``; ``hi`` ``None`` for the last). A range ends where a config begins: the rows of
-        a batch's last config wait for the next batch."""
-        fetch, size, lo, held = _fetcher(cursor), CHUNK_ROWS, "", []
-        while True:
-            batch = fetch(size)
-            done = len(batch) < size
-            rows = held + batch if held else batch
-            held = []
-            if not done:
-                cut = _config_start(rows)
-                if cut == 0:  # one config so far (or a malformed last key): read on
-                    held = rows
-                    continue
-                rows, held = rows[:cut], rows[cut:]
-            skip = self._check(rows, contexts) if rows else []
-            if done:
-                emit(lo, None, skip)
-                return
-            hi = held[0][0].decode()
-            emit(lo, hi, skip)
-            lo = hi
+        skip)``; ``hi`` ``None`` for the last)."""
+        last_ck: Any = None  # the last config key (bytes) and whether it is 64 hex digits
+        last_ok = False
+        lo, skip, n, base, slow = "", [], 0, self.seen, 0
+        verdicts, elapsed, crc32 = self.verdicts, _ELAPSED.sub, zlib.crc32
+        tails: dict[Any, bytes] = {}  # (context, backend) -> the checksum's bytes after the key
+        ck_crc = 0
+        rejected = self.rejected
 
-    def _check(self, rows: list[Any], contexts: dict[int, tuple[str, str]]) -> list[Any]:
-        """The keys of ``rows`` the copy leaves out (counted as rejected or for the validator)."""
-        base = self.seen
-        self.seen += len(rows)
-        if self._whole(rows, contexts):
-            self.passed += len(rows)
-            return []
-        skip = self._each(rows, contexts, base)
-        self.passed += len(rows) - len(skip)
-        return skip
-
-    def _whole(self, rows: list[Any], contexts: dict[int, tuple[str, str]]) -> bool:
-        """True if every row of the batch passes (then nothing is recorded but the verdicts and
-        the key order); False: some row fails, :meth:`_each` says which and why."""
-        cks, backends, ctxs, crcs, sups, stages, datas, oks = zip(*rows, strict=True)
-        if 0 in oks:  # (1: SQL passed the row: typed, sized, in range, of a checked context)
-            return False
-        if b"".join(cks).translate(None, _HEX_BYTES):  # (64 characters each: SQL checked)
-            return False
-        if self.last is not None and cks[0] <= self.last:
-            return False
-        if not all(map(operator.le, cks, itertools.islice(cks, 1, None))):
-            return False
-        crc32, tails = zlib.crc32, self.tails
-        pairs = list(zip(ctxs, backends, strict=True))
-        for pair in set(pairs) - tails.keys():  # (one per context and backend)
-            tails[pair] = crc_tail(pair[1].decode(), *contexts[pair[0]])
-        heads = {ck: crc32(crc_head(ck.decode())) for ck in set(cks)}
-        starts = map(crc32, map(tails.__getitem__, pairs), map(heads.__getitem__, cks))
-        if tuple(map(crc32, datas, starts)) != crcs:
-            return False
-        masked = list(zip(backends, map(_MASK, datas), strict=True))
-        verdicts = self.verdicts
-        new = set(masked) - verdicts.keys()
-        if new:
-            if len(verdicts) + len(new) > _VERDICTS_MAX:
-                verdicts.clear()
-                new = set(masked)
-            where = dict(zip(masked, range(len(rows)), strict=True))  # a row of each text
-            for m in new:
-                i = where[m]
-                key = CacheKey(cks[i].decode(), backends[i].decode(), *contexts[ctxs[i]])
-                verdicts[m] = _verdict(key, datas[i])
-        if list(map(verdicts.__getitem__, masked)) != list(zip(sups, stages, strict=True)):
-            return False
-        self.last = cks[-1]
-        return True
-
-    def _each(self, rows: list[Any], contexts: dict[int, tuple[str, str]], base: int
-              ) -> list[Any]:  # fmt: skip
-        """Row by row: the keys to leave out, each failure recorded (row ``base + 1`` first)."""
-        skip: list[Any] = []
-        last, current, key_ok, ck_crc = self.last, None, False, 0
-        verdicts, crc32, tails, rejected = self.verdicts, zlib.crc32, self.tails, self.rejected
-        for n, (ck, backend, ctx, crc, supported, stage, data, sql_ok) in enumerate(rows, base + 1):
+        for ck, backend, ctx, crc, supported, stage, data, sql_ok in cursor:
             if data is not None and len(data) > MAX_ROW:
                 raise PackError(f"a row of {len(data)} bytes (limit {MAX_ROW})")
-            if ck != current:
-                current = ck
-                key_ok = type(ck) is bytes and len(ck) == 64 and not ck.strip(_HEX_BYTES)
-                if key_ok:
-                    if type(last) is bytes and ck <= last:  # the scan must be in key order
+            if ck != last_ck:
+                last_ok = type(ck) is bytes and len(ck) == 64 and not ck.strip(_HEX_BYTES)
+                if last_ok:
+                    if type(last_ck) is bytes and ck <= last_ck:  # the scan must be in key order
                         raise PackError("the pack's rows are not in key order (a damaged file)")
-                    last = ck
+                    if n >= CHUNK_ROWS:  # a range ends where a config begins
+                        hi = ck.decode()
+                        emit(lo, hi, skip)
+                        lo, skip, base, n = hi, [], base + n, 0
+                    last_ck = ck
                     ck_crc = crc32(crc_head(ck.decode()))
-            if not (sql_ok and key_ok):
+            n += 1
+            if not (sql_ok and last_ok):
                 skip.append((ck, backend, ctx))
-                rejected.append((n, _FAILS_SQL))
+                rejected.append((base + n, _FAILS_SQL))
                 continue
             tail = tails.get((ctx, backend))
             if tail is None:
                 tail = tails[ctx, backend] = crc_tail(backend.decode(), *contexts[ctx])
             if crc32(data, crc32(tail, ck_crc)) != crc:
                 skip.append((ck, backend, ctx))
-                rejected.append((n, "checksum mismatch"))
+                rejected.append((base + n, "checksum mismatch"))
                 continue
             # The verdict of the full validator, per distinct text (elapsed_ms values that any
             # result may hold masked): another text never shares a verdict.
-            masked = (backend, _MASK(data))
+            masked = (backend, elapsed(b'"elapsed_ms":0', data))
             verdict = verdicts.get(masked)
             if verdict is None:
                 if len(verdicts) >= _VERDICTS_MAX:
@@ -531,26 +426,17 @@ class _Pass:
             if verdict is False or verdict != (supported, stage):
                 skip.append((ck, backend, ctx))
                 self.slow.append((ck.decode(), backend.decode(), ctx))
-        self.last = last
-        return skip
+                slow += 1
+        emit(lo, None, skip)
+        self.seen = base + n
+        self.passed += self.seen - len(self.rejected) - slow
 
     def configs(self, cursor: Any) -> list[Any]:
         """Check every config row of ``cursor`` (:data:`_VERIFY_CONFIGS`); the keys the bulk copy
         leaves out: a bad one is dropped (its rows stay), one that is not plainly flat (valid
-        JSON: SQL checked it) or holds anything suspect goes to the validator. A batch is tested
-        as a whole first (:func:`_plain_configs`), config by config only if that fails."""
-        skip: list[Any] = []
-        fetch = _fetcher(cursor)
-        while True:
-            batch = fetch(CHUNK_ROWS)
-            if batch and not _plain_configs(batch):
-                skip.extend(self._each_config(batch))
-            if len(batch) < CHUNK_ROWS:
-                return skip
-
-    def _each_config(self, batch: list[Any]) -> list[Any]:
+        JSON: SQL checked it) or holds anything suspect goes to the validator."""
         skip = []
-        for ck, sql_ok, data in batch:
+        for ck, sql_ok, data in cursor:
             if not sql_ok or type(ck) is not bytes or ck.strip(_HEX_BYTES):
                 self.rejected.append((0, "a config row fails the pack's checks (dropped)"))
             elif type(data) is not bytes or _suspect(data) or not _flat_shape(data):
@@ -559,26 +445,6 @@ class _Pass:
                 continue
             skip.append((ck,))
         return skip
-
-
-def _plain_configs(batch: list[Any]) -> bool:
-    """True if every config row of ``batch`` passes SQL and the byte tests of :func:`_suspect`
-    and :func:`_flat_shape`, tested on the batch's texts joined by newlines. That is the same
-    test: a text holding a newline of its own fails it; an object holds at least its own two
-    braces, so n texts holding n of each hold one each; no searched run and no ``[]`` pair can
-    cross a newline, so the bracket test of the joined text is that of each text."""
-    cks, oks, datas = zip(*batch, strict=True)
-    if 0 in oks or b"".join(cks).translate(None, _HEX_BYTES):  # (all text: SQL checked)
-        return False
-    if max(map(len, datas)) > MAX_STRING or max(map(_COLONS, datas)) > 256:
-        return False
-    blob = b"\n".join(datas)
-    n = len(datas)
-    if blob.count(b"\n") != n - 1 or blob.count(b"{") != n or blob.count(b"}") != n:
-        return False
-    if _suspect_bytes(blob):
-        return False
-    return not blob.translate(None, _NOT_BRACKETS_NL).replace(b"[]", b"").replace(b"\n", b"")
 
 
 def _verdict(key: CacheKey, data: bytes) -> tuple[int, bytes] | bool:
@@ -648,16 +514,12 @@ def _connect_store(store: ProbeCache) -> sqlite3.Connection:
                            check_same_thread=False)  # fmt: skip
     conn.execute("PRAGMA cache_size=-65536")
     conn.execute("PRAGMA trusted_schema=OFF")  # schema objects may use innocuous functions only
-    # The import is durable once its commit is in the WAL (synchronous FULL); folding the WAL
-    # into the main file is left to the store's next write or its last close.
-    conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
 
 
 def _connect_pack(pack: Path) -> sqlite3.Connection:
     """The checking thread's read-only connection to the pack."""
-    conn = sqlite3.connect(f"file:{quote(str(pack))}?mode=ro", uri=True, isolation_level=None,
-                           check_same_thread=False)  # (read by the _Reader thread)
+    conn = sqlite3.connect(f"file:{quote(str(pack))}?mode=ro", uri=True, isolation_level=None)
     conn.execute("PRAGMA trusted_schema=OFF")
     conn.execute("PRAGMA cell_size_check=ON")
     return conn
@@ -713,52 +575,6 @@ _CONFIGS = (
     " WHERE typeof(g.config_key) = 'text' AND typeof(g.config) = 'text' AND NOT EXISTS (SELECT 1"
     " FROM temp.te_pack_skip_cfg s WHERE s.ck = CAST(g.config_key AS BLOB)) ON CONFLICT DO NOTHING"
 )
-
-
-class _Reader(threading.Thread):
-    """Reads the checking scans ahead, a batch of ``size`` rows at a time, on a thread of its
-    own: SQLite evaluates the scan's SQL checks without the GIL while the calling thread runs
-    the Python checks of the batch before. ``fetchmany(size)`` hands the batches on in order
-    (the last of each scan shorter than ``size``); a read error is raised there."""
-
-    def __init__(self, conn: sqlite3.Connection, scans: list[str], size: int) -> None:
-        super().__init__(name="te-fl-attn-pack-read", daemon=True)
-        self.conn, self.scans, self.size = conn, scans, size
-        self.batches: queue.Queue[Any] = queue.Queue(maxsize=4)
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        try:
-            for sql in self.scans:
-                cursor = self.conn.execute(sql)
-                while not self.stopped.is_set():
-                    batch = cursor.fetchmany(self.size)
-                    self._put(batch)
-                    if len(batch) < self.size:
-                        break
-        except BaseException as exc:  # (raised by fetchmany on the calling thread)
-            self._put(exc)
-
-    def _put(self, item: Any) -> None:
-        while not self.stopped.is_set():
-            with contextlib.suppress(queue.Full):
-                self.batches.put(item, timeout=0.05)
-                return
-
-    def fetchmany(self, size: int) -> list[Any]:
-        if size != self.size:
-            raise ValueError(f"batches of {self.size} rows, not {size}")
-        item = self.batches.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def stop(self) -> None:
-        """Stop reading (the statement running is interrupted) and wait."""
-        self.stopped.set()
-        with contextlib.suppress(sqlite3.Error):
-            self.conn.interrupt()
-        self.join()
 
 
 class _Copier(threading.Thread):
@@ -856,17 +672,12 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         reader.execute("BEGIN")
         copier = _Copier(conn, rule)
         copier.start()
-        scans = _Reader(reader, [_VERIFY_ROWS.format(ok=sql_ok),
-                                 _VERIFY_CONFIGS.format(ok=_qualified(CONFIG_WHERE, "g"))],
-                        CHUNK_ROWS)  # fmt: skip
-        scans.start()
         try:
-            check.rows(scans, ctxs, copier.emit)
-            skip = check.configs(scans)
+            check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
+            cfg_ok = _qualified(CONFIG_WHERE, "g")
+            skip = check.configs(reader.execute(_VERIFY_CONFIGS.format(ok=cfg_ok)))
         except sqlite3.DatabaseError as exc:  # the checks' own reads of the pack
             raise PackError(f"cannot read the pack: {exc}") from None
-        finally:
-            scans.stop()
         copier.jobs.put(("configs", None, None, skip))
         copier.finish()
         copier = None

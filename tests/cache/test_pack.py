@@ -169,16 +169,16 @@ def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cac
 
 
 
+@pytest.mark.parametrize("good_first", [True, False])
 @pytest.mark.parametrize("number", ["01.5", "00", "-1.5", "1e3", "1000000000.5"])
 def test_a_result_that_differs_from_a_good_one_only_in_its_elapsed_ms_is_validated(
-        packed, tmp_path, number):  # fmt: skip
+        packed, tmp_path, number, good_first):  # fmt: skip
     """The verdict cache masks plain in-range ``elapsed_ms`` values only: a text with a leading
     zero (not JSON), a sign, an exponent or a value out of range gets a verdict of its own."""
     _, path = packed
     base = {**result(1, "fused").to_dict(), "elapsed_ms": 1.5}
     updates = []
-    # (the good one is read last: the batch check takes each text's verdict from its last row)
-    second, first = sorted((1, 2), key=lambda i: key(i)[0])
+    first, second = sorted((1, 2), key=lambda i: key(i)[0], reverse=not good_first)
     for i, value in ((first, "1.5"), (second, number)):
         ck = key(i)[0]
         text = json.dumps(base, separators=(",", ":")).replace('"elapsed_ms":1.5',
