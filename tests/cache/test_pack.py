@@ -57,6 +57,14 @@ def _edit(path, *sql: str, params=()) -> None:
     conn.close()
 
 
+def _resign(ck: str, text: str, columns: str = "") -> str:
+    """SQL that gives config ``ck``'s fused row of a pack the result ``text`` with its right
+    checksum (and ``columns``, more ``SET`` assignments)."""
+    crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
+    return (f"UPDATE probes SET result = '{text}', crc = {crc}{columns} WHERE config_key = '{ck}'"
+            " AND backend = 'fused'")  # fmt: skip
+
+
 def _count(path) -> int:
     conn = sqlite3.connect(path)
     try:
@@ -143,19 +151,13 @@ def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cac
     future = f"UPDATE probes SET created_at = {time.time() + 86400}" + one
     evil = "UPDATE probes SET backend = 'evil'" + one
 
-    def resign(ck: str, res: dict) -> list[str]:
-        text = json.dumps(res)
-        crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
-        return [f"UPDATE probes SET result = '{text}', crc = {crc} WHERE config_key = '{ck}'"
-                " AND backend = 'fused'"]  # fmt: skip
-
     _edit(path, bad_crc, params=(k[0][0],))
     _edit(path, future, params=(k[1][0],))
     _edit(path, evil, params=(k[2][0],))
     unknown = {**result(3, "fused").to_dict(), "extra": 1}
-    _edit(path, *resign(k[3][0], unknown))
+    _edit(path, _resign(k[3][0], json.dumps(unknown)))
     control = {**result(4, "fused").to_dict(), "evidence": "bell\u0007"}  # cleaned, accepted
-    _edit(path, *resign(k[4][0], control))
+    _edit(path, _resign(k[4][0], json.dumps(control)))
     escape = "UPDATE probes SET package_version = '0.1' || char(27) || '[31m'" + one
     _edit(path, escape, params=(key(5)[0],))
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
@@ -168,7 +170,6 @@ def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cac
     assert len([m for m in cache_log.at(30) if "rejected" in m]) == 1
 
 
-
 @pytest.mark.parametrize("good_first", [True, False])
 @pytest.mark.parametrize("number", ["01.5", "00", "-1.5", "1e3", "1000000000.5"])
 def test_a_result_that_differs_from_a_good_one_only_in_its_elapsed_ms_is_validated(
@@ -177,22 +178,18 @@ def test_a_result_that_differs_from_a_good_one_only_in_its_elapsed_ms_is_validat
     zero (not JSON), a sign, an exponent or a value out of range gets a verdict of its own."""
     _, path = packed
     base = {**result(1, "fused").to_dict(), "elapsed_ms": 1.5}
-    updates = []
+    text = json.dumps(base, separators=(",", ":"))
     first, second = sorted((1, 2), key=lambda i: key(i)[0], reverse=not good_first)
-    for i, value in ((first, "1.5"), (second, number)):
-        ck = key(i)[0]
-        text = json.dumps(base, separators=(",", ":")).replace('"elapsed_ms":1.5',
-                                                                 f'"elapsed_ms":{value}')
-        crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
-        updates.append(f"UPDATE probes SET result = '{text}', crc = {crc}, supported = 1,"
-                       f" stage = 'rule' WHERE config_key = '{ck}' AND backend = 'fused'")
-    _edit(path, *updates)
+    _edit(path, *(_resign(key(i)[0], text.replace('"elapsed_ms":1.5', f'"elapsed_ms":{value}'),
+                          ", supported = 1, stage = 'rule'")
+                  for i, value in ((first, "1.5"), (second, number))))  # fmt: skip
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     report = transfer.import_(fresh, path)
     assert fresh.get(key(first, "fused")).elapsed_ms == 1.5
-    valid = number in ("1e3",)  # (1000.0: in range, written another way)
+    valid = number == "1e3"  # (1000.0: in range, written another way)
     assert (fresh.get(key(second, "fused")) is not None) == valid
     assert report.imported == 40 - (not valid) and len(report.rejected) == (not valid)
+
 
 # --------------------------------------------------------------------------------- hostile packs
 HOSTILE = {
