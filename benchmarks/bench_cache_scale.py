@@ -7,7 +7,9 @@ a full export into a fresh store, the import rate of an SQLite pack of the same 
 its rows committed to the WAL; ``import_pack_with_fold_per_s`` adds the store's last close, which
 folds that WAL into the main file), the same rows copied by SQLite with no check at all
 (``sql_copy_floor_per_s``: the floor a checked pack import sits above, its commit folding the
-WAL; ``pack_vs_floor`` sets it against the import with its fold), and the file size per entry.
+WAL; ``pack_vs_floor`` sets it against the import with its fold), how many times faster the pack
+import is than the JSON Lines import of the same rows (``pack_vs_jsonl``), and the file size per
+entry.
 Prints one line.
 
     python benchmarks/bench_cache_scale.py --n 200000
@@ -186,7 +188,7 @@ def main() -> None:
           f"import_per_s={args.n / import_s:.0f} import_pack_per_s={args.n / pack_s:.0f} "
           f"import_pack_with_fold_per_s={args.n / (pack_s + fold_s):.0f} "
           f"sql_copy_floor_per_s={args.n / floor_s:.0f} "
-          f"pack_vs_floor={floor_s / (pack_s + fold_s):.2f} "
+          f"pack_vs_floor={floor_s / (pack_s + fold_s):.2f} pack_vs_jsonl={import_s / pack_s:.2f} "
           f"bytes_per_entry={size / args.n:.0f} "
           f"build_per_s={args.n / build_s:.0f} export_per_s={exported / export_s:.0f} "
           f"{'ok' if ok else 'MISMATCH'}{' json-only' if args.no_orjson else ''} "
