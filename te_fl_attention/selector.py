@@ -74,9 +74,9 @@ class Selector:
         lookups (``warm_up``: compiled statements, the top of the table, the decoder), read the
         device's slice of the store in one query (``load_slice``), parse the environment's
         policy (what :meth:`decide` uses by default), and run the per-selection steps a few
-        times on a made-up config and made-up results (the rule stage every hit is held to,
-        the decision, the key), so the interpreter has specialised them before the first real
-        selection. Probes nothing and reads no real row twice."""
+        times on a made-up config and made-up results (reading the policy, the rule stage every
+        hit is held to, the decision, the key), so the interpreter has specialised them before
+        the first real selection. Probes nothing and reads no real row twice."""
         dev = profile(device)
         pol = Policy.from_env()
         rows = None
@@ -93,6 +93,7 @@ class Selector:
                 stored[name].append(row)
         for i in range(8):  # a few runs: the interpreter specialises code that ran a few times
             sample = FusedAttnConfig(**_SAMPLES[i % len(_SAMPLES)])
+            Policy.from_env()  # as decide() reads it (the dry run below is given ``pol``)
             self._cache_keys(sample, dev)
             held = []
             for p in self.probes:
