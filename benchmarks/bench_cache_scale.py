@@ -9,8 +9,7 @@ folds that WAL into the main file), the same rows copied by SQLite with no check
 (``sql_copy_floor_per_s``: the floor a checked pack import sits above, its commit folding the
 WAL; ``pack_vs_floor`` sets it against the import with its fold), how many times faster the pack
 import is than the JSON Lines import of the same rows (``pack_vs_jsonl``), and the file size per
-entry.
-Prints one line.
+entry. Prints one line.
 
     python benchmarks/bench_cache_scale.py --n 200000
 """

@@ -4,8 +4,9 @@ Each phase runs in its own fresh process against one SQLite store: the cold phas
 config (cuDNN graph builds when cudnn-frontend is installed, rules otherwise) and writes the
 results; the warm phase answers the same configs from the store. The warm phase lasts some 20 ms,
 so a moment of noise on a shared machine can double it: it runs ``--warm-runs`` times (default
-5), each in a fresh process, and the line gives the median run (``warm_ms``, ``ratio``,
-``first_warm_lookup_us``) with the slowest beside it (``*_max``). Prints one line:
+5), each in a fresh process, and the line gives the medians over the runs (``warm_ms``,
+``ratio``, ``first_warm_lookup_us``, each taken on its own) with the slowest beside them
+(``ratio_min``, ``first_warm_lookup_max_us``). Prints one line:
     warmstart configs=N cold_ms=... warm_ms=... ratio=...x first_warm_lookup_us=... ...
 ``--no-orjson``: both phases with the standard json module only (as without orjson installed).
 """

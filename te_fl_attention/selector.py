@@ -78,7 +78,6 @@ class Selector:
         hit is held to, the decision, the key), so the interpreter has specialised them before
         the first real selection. Probes nothing and reads no real row twice."""
         dev = profile(device)
-        pol = Policy.from_env()
         rows = None
         if self.cache is not None:
             warm_up = getattr(self.cache, "warm_up", None)
@@ -93,7 +92,7 @@ class Selector:
                 stored[name].append(row)
         for i in range(8):  # a few runs: the interpreter specialises code that ran a few times
             sample = FusedAttnConfig(**_SAMPLES[i % len(_SAMPLES)])
-            Policy.from_env()  # as decide() reads it (the dry run below is given ``pol``)
+            pol = Policy.from_env()  # each run, as decide() reads it (the dry run is given it)
             self._cache_keys(sample, dev)
             held = []
             for p in self.probes:
