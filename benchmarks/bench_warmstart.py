@@ -83,15 +83,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.warm_runs < 1:
         ap.error(f"--warm-runs must be at least 1 (got {args.warm_runs})")
-    no_orjson = args.no_orjson
     cfgs = configs()
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = os.path.join(tmp, "configs.json")
         with open(cfg_file, "w") as fh:
             json.dump(cfgs, fh)
         store = os.path.join(tmp, "probes.sqlite")
-        cold = run_phase(cfg_file, store, no_orjson)
-        runs = [run_phase(cfg_file, store, no_orjson) for _ in range(args.warm_runs)]
+        cold = run_phase(cfg_file, store, args.no_orjson)
+        runs = [run_phase(cfg_file, store, args.no_orjson) for _ in range(args.warm_runs)]
     for warm in runs:
         assert warm["stats"]["probes"] == 0, warm["stats"]
     totals = [w["total_s"] for w in runs]
@@ -107,7 +106,8 @@ def main() -> None:
         f"warm_runs={len(runs)} ratio_min={cold['total_s'] / max(totals):.0f}x "
         f"first_warm_lookup_max_us={max(firsts) * 1e6:.0f} "
         f"probes_cold={cold['stats']['probes']} warm_startup_ms={startup_s * 1e3:.0f} "
-        f"{'json-only ' if no_orjson else ''}(targets: ratio >= 100x, first warm lookup <= 100 us)"
+        f"{'json-only ' if args.no_orjson else ''}"
+        "(targets: ratio >= 100x, first warm lookup <= 100 us)"
     )
 
 
