@@ -51,6 +51,7 @@ from .config_te import (
     te_max_batch_size,
     te_max_tokens,
 )
+from .frozen import hash_once
 
 try:  # the canonical key's fast encoder (byte-identical to json's where it is used)
     import orjson as _orjson
@@ -123,6 +124,7 @@ def layout_group(qkv_layout: str) -> str:
     return qkv_layout.replace("paged_kv_", "").replace("b", "").replace("s", "").replace("t", "")
 
 
+@hash_once
 @dataclass(frozen=True)
 class FusedAttnConfig:
     """One attention problem, as TE's ``AttentionParams`` describes it, normalized and validated.

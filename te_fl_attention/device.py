@@ -19,6 +19,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from .frozen import hash_once
+
 #: Version fields a catalog entry can override with ``name:field=value``.
 VERSION_FIELDS = (
     "driver", "cuda", "cudnn", "torch", "triton", "flash_attn", "flash_attn_3", "flash_attn_4",
@@ -40,6 +42,7 @@ _DISTRIBUTIONS = {
 }
 
 
+@hash_once
 @dataclass(frozen=True)
 class DeviceProfile:
     """A GPU and its software stack. ``sm`` is ``10 * major + minor``; ``None`` means no GPU."""

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from . import backends
+from .frozen import hash_once
 from .reasons import FA4_PREFERS_FA3_CODE, FP8_EMULATION_CODE, ProbeResult, Reason
 from .switches import check_switches, nvte_emulate_fp8, nvte_int, switch
 
@@ -38,6 +39,7 @@ def env_vars() -> tuple[str, ...]:
         _ENV.update(version=backends.version(), names=names,
                     bkeys=tuple(os.fsencode(k) for k in names))  # fmt: skip
         _ENV["get"] = operator.itemgetter(*_ENV["bkeys"])  # type: ignore[misc]
+        _ENV["all_set"] = True  # the last read found every variable set
     return _ENV["names"]  # type: ignore[return-value]
 
 
@@ -58,13 +60,20 @@ def snapshot() -> tuple:
     unset) and the active :func:`prefer` context: hashable, the key under which parsed policies
     are kept. On POSIX CPython this reads ``os.environ``'s backing dict directly (10x cheaper
     than ``os.environ.get``; one C call when every variable is set, as the plugin seeds them);
-    the values are then bytes, which :meth:`Policy.from_snapshot` decodes."""
+    the values are then bytes, which :meth:`Policy.from_snapshot` decodes. When the last read
+    found a variable unset, the next reads each with ``dict.get`` (no KeyError raised and
+    caught per call) until one finds them all set."""
     names = env_vars()
     if _ENV_DATA is not None and os.environ is _ENVIRON:
-        try:
-            return (_ENV["get"](_ENV_DATA), _PREFER.get())  # type: ignore[operator]
-        except KeyError:
-            return (tuple(map(_ENV_DATA.get, _ENV["bkeys"])), _PREFER.get())  # type: ignore
+        if _ENV["all_set"]:
+            try:
+                return (_ENV["get"](_ENV_DATA), _PREFER.get())  # type: ignore[operator]
+            except KeyError:
+                _ENV["all_set"] = False
+        values = tuple(map(_ENV_DATA.get, _ENV["bkeys"]))  # type: ignore[arg-type]
+        if None not in values:
+            _ENV["all_set"] = True
+        return (values, _PREFER.get())
     return (tuple(map(os.environ.get, names)), _PREFER.get())
 
 
@@ -95,6 +104,7 @@ def _candidate(name: str) -> str:
     return backends.parent().get(name, name)
 
 
+@hash_once
 @dataclass(frozen=True)
 class Policy:
     """A snapshot of the user's wishes. Hashable: it is part of the selector's memo key.
@@ -128,6 +138,8 @@ class Policy:
         setattr_(self, "prefer", tuple(canonical(p) for p in prefer))
         setattr_(self, "verify", bool(verify))
         setattr_(self, "measure", bool(measure))
+        # nothing off, forced or waived: filter() returns every result as it is
+        setattr_(self, "_plain", not disabled and force is None and not unfused_fp8_emulation)
 
     def __getattr__(self, name: str) -> bool:
         """``policy.fa3``: whether that candidate or flavour is on."""
@@ -224,6 +236,8 @@ class Policy:
 
     def filter(self, result: ProbeResult) -> ProbeResult:
         """The result as this policy sees it: env-disabled candidates refused (stage policy)."""
+        if self._plain:
+            return result
         waived = self._waived()
         result = self._waive(result, waived)
         if result.variants:
@@ -286,8 +300,10 @@ class Policy:
         forced/preferred one, else the fastest timed one (measured mode), else the registry's
         precedence (FA4 > FA3 > FA2)."""
         order = backends.precedence(flash.backend)
-        wanted = [n for n in ((self.force,) if self.force else self.prefer) if n in order]
         ok = {v.backend for v in flash.variants if v.supported}
+        if not timings and self.force is None and not self.prefer:
+            return next((name for name in order if name in ok), None)
+        wanted = [n for n in ((self.force,) if self.force else self.prefer) if n in order]
         fastest = sorted((n for n in ok if n in (timings or {})),
                          key=lambda n: timings[n])  # type: ignore[index]  # fmt: skip
         for name in (*wanted, *fastest, *order):

@@ -149,24 +149,31 @@ class Selector:
             self._slices[key] = rows
         return rows
 
-    def _lookup(self, keys: dict[str, Any], device: DeviceProfile) -> dict[Any, ProbeResult]:
-        """The stored results for ``keys``: from the device's slice (a large one's rows decoded
-        now, on first use), then one store query for what the slice lacks (rows written since it
-        was read, rows that did not decode)."""
+    def _lookup(self, config: FusedAttnConfig, device: DeviceProfile) -> dict[str, ProbeResult]:
+        """The stored results for ``config`` on ``device``, by candidate name: from the device's
+        slice (a row already decoded is taken as it is; a large slice's rows are decoded now,
+        on first use), then one store query for what the slice lacks (rows written since it
+        was read, rows that did not decode). Cache keys are built only for those reads."""
         rows = self._slice(device)
         if rows is None:
-            return self.cache.get_many(list(keys.values()))  # type: ignore[union-attr]
+            keys = self._cache_keys(config, device)
+            got = self.cache.get_many(list(keys.values()))  # type: ignore[union-attr]
+            return {n: got[k] for n, k in keys.items() if k in got}
         found, missing = {}, []
-        decode = self.cache.decode_row  # type: ignore[union-attr]
-        for name, k in keys.items():
-            raw = rows.pop((k[0], name), None)  # used once: the result memo keeps it
-            result = decode(k, raw) if raw is not None else None
-            if result is None:
-                missing.append(k)
+        ck = config.key()
+        for p in self.probes:
+            row = rows.pop((ck, p.name), None)  # used once: the result memo keeps it
+            if type(row) is ProbeResult:
+                found[p.name] = row
+            elif row is None or (result := self.cache.decode_row(  # type: ignore[union-attr]
+                    self.keys.key(config, p.name, device), row)) is None:  # fmt: skip
+                missing.append(p.name)
             else:
-                found[k] = result
+                found[p.name] = result
         if missing:
-            found.update(self.cache.get_many(missing))  # type: ignore[union-attr]
+            keys = self.keys.keys(config, device, missing)
+            got = self.cache.get_many(list(keys.values()))  # type: ignore[union-attr]
+            found.update({n: got[k] for n, k in keys.items() if k in got})
         return found
 
     def probe_all(self, config: FusedAttnConfig, device: DeviceProfile
@@ -178,11 +185,10 @@ class Selector:
         hit = self._results.get(rkey)
         if hit is not None:
             return hit, "memo"
-        keys = self._cache_keys(config, device) if self.cache is not None else {}
-        found = self._lookup(keys, device) if keys else {}
+        found = self._lookup(config, device) if self.cache is not None else {}
         results, fresh = [], []
         for p in self.probes:
-            result = found.get(keys[p.name]) if found else None
+            result = found.get(p.name)
             if result is not None:  # evidence from elsewhere: our own rules still bind
                 result = narrow(p, result, config, device)
             if result is None:
@@ -192,13 +198,14 @@ class Selector:
                 except Exception as exc:  # noqa: BLE001 - one probe's bug is its own refusal
                     result = probe_error(p.name, exc)  # not stored: the next job probes again
                 else:
-                    fresh.append((keys.get(p.name), result))
+                    fresh.append((p.name, result))
             else:
                 self.stats["cache_hits"] += 1
             results.append(result)
         if self.cache is not None and fresh:
+            keys = self._cache_keys(config, device)
             self.cache.put_many(
-                [(k, r, config.to_dict(), device.to_dict()) for k, r in fresh]
+                [(keys[n], r, config.to_dict(), device.to_dict()) for n, r in fresh]
             )
         out = tuple(results)
         with self._lock:

@@ -3,10 +3,22 @@ prefer, the FP8 emulation waiver."""
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from te_fl_attention import FusedAttnConfig, NoBackendError, Policy, Selector, prefer
 from te_fl_attention.device import profile
+from te_fl_attention.reasons import (
+    FA4_PREFERS_FA3_CODE,
+    FP8_EMULATION_CODE,
+    ProbeResult,
+    Reason,
+    combine_variants,
+)
 
 C = FusedAttnConfig
 NO_TRITON = Policy(triton=False)  # TE's own three candidates only
@@ -216,3 +228,74 @@ def test_force_unavailable_flavour_lists_its_own_reasons():
     assert "force=fa3" in text
     assert "FlashAttention 3 (flash-attn-3) is not assumed installed" in text
     assert "FlashAttention 4 (flash-attn-4)" not in text  # not the forced one
+
+
+# ---------------------------------------------------------------------------- fast paths
+def _full(policy: Policy) -> Policy:
+    """``policy`` with its pass-through shortcut off: filter() takes its full path."""
+    full = copy.copy(policy)
+    object.__setattr__(full, "_plain", False)
+    return full
+
+
+_UNITS = ("fused", "flash", "fa4", "fa3", "fa2", "triton", "unfused")
+_CODES = (FP8_EMULATION_CODE, FA4_PREFERS_FA3_CODE, "x.refused")
+
+
+def _unit(name: str, draw) -> ProbeResult:
+    if draw(st.booleans()):
+        return ProbeResult(name, True)
+    return ProbeResult(name, False, (Reason(draw(st.sampled_from(_CODES)), "refused", "rule"),))
+
+
+@st.composite
+def _results(draw) -> list[ProbeResult]:
+    flash = combine_variants("flash", tuple(_unit(f, draw) for f in ("fa4", "fa3", "fa2")))
+    return [_unit("fused", draw), flash, _unit("triton", draw), _unit("unfused", draw)]
+
+
+@given(st.frozensets(st.sampled_from(_UNITS)), st.booleans(),
+       st.one_of(st.none(), st.sampled_from(_UNITS)),
+       st.lists(st.sampled_from(_UNITS), max_size=2), _results())  # fmt: skip
+@settings(max_examples=300, deadline=None)
+def test_the_filter_and_flavour_shortcuts_give_the_full_paths_answers(off, emulate, force,
+                                                                      prefer, results):
+    """A policy with nothing off, forced or waived passes every result through unchanged, and
+    without timings, force or preferences the flavour is the first supported in precedence:
+    each shortcut answers as the full path does, for any policy and results."""
+    policy = Policy(off=off, unfused_fp8_emulation=emulate, force=force, prefer=prefer)
+    full = _full(policy)
+    for r in results:
+        assert policy.filter(r) == full.filter(r)
+    flash = results[1]
+    assert policy.flavour(flash) == policy.flavour(flash, {"no such unit": 1.0})
+    if not off and not emulate and force is None:
+        assert all(policy.filter(r) is r for r in results)
+
+
+def test_the_environment_snapshot_follows_variables_set_and_unset(monkeypatch):
+    """The snapshot reads every variable with one C call while all are set and with one
+    ``dict.get`` each once one is not: either way it holds exactly what ``os.environ`` holds,
+    as variables come and go (the policy follows at once)."""
+    from te_fl_attention import policy as policy_mod
+
+    names = policy_mod.env_vars()
+
+    def expected():
+        return tuple(None if os.environ.get(n) is None else os.fsencode(os.environ[n])
+                     for n in names)  # fmt: skip
+
+    for n in names:  # all set: candidates on, nothing forced, preferred, verified or measured
+        monkeypatch.setenv(n, "" if n in ("TE_FL_ATTN_FORCE", "TE_FL_ATTN_PREFER") else
+                           "0" if n in policy_mod.OTHER_VARS else "1")  # fmt: skip
+    steps = [("NVTE_FUSED_ATTN", "0"), ("NVTE_FUSED_ATTN", None), ("NVTE_FLASH_ATTN", None),
+             ("NVTE_FUSED_ATTN", "1"), ("NVTE_FLASH_ATTN", "1"), ("NVTE_FUSED_ATTN", "0")]
+    for name, value in [(None, None), *steps]:
+        if name is not None and value is None:
+            monkeypatch.delenv(name)
+        elif name is not None:
+            monkeypatch.setenv(name, value)
+        snap = policy_mod.snapshot()
+        assert snap[0] == expected(), (name, value)
+        fused_on = os.environ.get("NVTE_FUSED_ATTN", "1") != "0"
+        assert Policy.from_env().fused is fused_on, (name, value)
