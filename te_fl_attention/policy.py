@@ -139,7 +139,7 @@ class Policy:
         setattr_(self, "verify", bool(verify))
         setattr_(self, "measure", bool(measure))
         # nothing off, forced or waived: filter() returns every result as it is
-        setattr_(self, "_plain", not disabled and force is None and not unfused_fp8_emulation)
+        setattr_(self, "_plain", not self.off and self.force is None and not self._waived())
 
     def __getattr__(self, name: str) -> bool:
         """``policy.fa3``: whether that candidate or flavour is on."""
@@ -301,11 +301,9 @@ class Policy:
         precedence (FA4 > FA3 > FA2)."""
         order = backends.precedence(flash.backend)
         ok = {v.backend for v in flash.variants if v.supported}
-        if not timings and self.force is None and not self.prefer:
-            return next((name for name in order if name in ok), None)
         wanted = [n for n in ((self.force,) if self.force else self.prefer) if n in order]
-        fastest = sorted((n for n in ok if n in (timings or {})),
-                         key=lambda n: timings[n])  # type: ignore[index]  # fmt: skip
+        fastest = sorted((n for n in ok if n in timings),
+                         key=timings.__getitem__) if timings else ()  # fmt: skip
         for name in (*wanted, *fastest, *order):
             if name in ok:
                 return name

@@ -163,13 +163,13 @@ class Selector:
         ck = config.key()
         for p in self.probes:
             row = rows.pop((ck, p.name), None)  # used once: the result memo keeps it
-            if type(row) is ProbeResult:
-                found[p.name] = row
-            elif row is None or (result := self.cache.decode_row(  # type: ignore[union-attr]
-                    self.keys.key(config, p.name, device), row)) is None:  # fmt: skip
+            if row is not None and type(row) is not ProbeResult:  # stored bytes: decode now
+                key = self.keys.key(config, p.name, device)
+                row = self.cache.decode_row(key, row)  # type: ignore[union-attr]
+            if row is None:
                 missing.append(p.name)
             else:
-                found[p.name] = result
+                found[p.name] = row
         if missing:
             keys = self.keys.keys(config, device, missing)
             got = self.cache.get_many(list(keys.values()))  # type: ignore[union-attr]

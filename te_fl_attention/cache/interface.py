@@ -17,7 +17,8 @@ class Store(Protocol):
     """What the selector needs: batched reads and writes (failures are misses, never raise).
     Used when a store has them: ``warm_up()`` (ready the lookups before the first one), and
     ``load_slice(device_fp, versions_key)`` + ``decode_row(key, row)`` (a job's rows for
-    one device and software stack in one query, decoded on first use)."""
+    one device and software stack in one query, decoded on first use; a row that is already a
+    :class:`ProbeResult` is taken as it is, and ``decode_row`` is called for the others)."""
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]: ...
 
