@@ -7,11 +7,13 @@
 A pack is treated as hostile, as a JSON Lines export is:
 
 * Before any row is read: the file is a regular file (no FIFO or device), attached read-only,
-  passes ``quick_check``, its ``sqlite_master`` is exactly the pack schema (no extra table, index,
-  view or trigger), its ``application_id``/``user_version`` and ``meta`` name this format and a
-  version this package reads, its row count matches ``meta``, and every ``contexts`` row's id is
-  the one its (device, software stack) hashes to. Any failure refuses the whole pack (clear error,
-  nothing applied).
+  its ``sqlite_master`` is exactly the pack schema (no extra table, index, view or trigger), its
+  ``application_id``/``user_version`` and ``meta`` name this format and a version this package
+  reads, and every ``contexts`` row's id is the one its (device, software stack) hashes to.
+  Before any row is copied: the file passes ``quick_check`` (run by the copier thread while the
+  calling thread checks the rows; when it fails, its refusal is the one reported, whatever the
+  row checks met). Before the commit: the row checks' scan read as many rows as ``meta`` claims.
+  Any failure refuses the whole pack (clear error, nothing applied).
 * Each row, in SQL (a column of the checking scan, :data:`ROW_WHERE`): the column checks of the
   schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour them):
   types via ``typeof``, known backends, ranges (``created_at`` in [0, now +
@@ -25,11 +27,12 @@ A pack is treated as hostile, as a JSON Lines export is:
   ``json_valid``/``json_type``, and a Python test of its bytes (one object, lists of scalars
   only, nothing escaped); any other config goes through the validator.
 * The copy is pipelined: the checks run on the calling thread over a read-only connection of
-  their own; each checked range of config keys (:data:`CHUNK_ROWS` rows, ending where a config
-  begins) goes to a copier thread that copies it with one ``INSERT ... SELECT`` on the store's
-  connection, leaving out the keys the checks named, while the next range is checked (SQLite
-  runs without the GIL, but two SQLite threads of one process scale poorly with the Debian build
-  measured: the thread gains 5-10% over copying each range inline; README, "Two formats").
+  their own, the configs first, then the rows; a copier thread on the store's connection runs
+  ``quick_check``, then copies the checked configs while the rows are checked, then each checked
+  range of config keys (:data:`CHUNK_ROWS` rows, ending where a config begins) with one
+  ``INSERT ... SELECT``, leaving out the keys the checks named, while the next range is checked
+  (SQLite runs without the GIL, but two SQLite threads of one process scale poorly with the
+  Debian build measured; README, "Two formats", gives what the thread gains).
   Both connections read one snapshot: each holds its read lock from before the copy to the
   commit, the header's change counter must not move in between, and a scan out of key order (a
   damaged b-tree) refuses the pack, so no row is copied before its check.
@@ -352,12 +355,8 @@ def _schema_problem(conn: sqlite3.Connection) -> str | None:
     if int(text) != PACK_VERSION or version != PACK_VERSION:
         return (f"format_version {int(text) if version == PACK_VERSION else version} is not"
                 f" supported (this package reads {PACK_VERSION})")  # fmt: skip
-    rows = str(meta.get("rows", ""))
-    if not rows.isdigit():
+    if not str(meta.get("rows", "")).isdigit():  # (matched by the row checks' scan)
         return "meta rows must be an integer"
-    found = conn.execute("SELECT count(*) FROM pk.probes").fetchone()[0]
-    if found != int(rows):
-        return f"the pack holds {found} rows, its meta says {rows}"
     return None
 
 
@@ -371,6 +370,7 @@ class _Pass:
     slow: list[tuple[Any, Any, Any]] = field(default_factory=list)
     verdicts: dict[Any, Any] = field(default_factory=dict)  # masked text -> the verdict
     slow_configs: list[Any] = field(default_factory=list)
+    dropped: list[tuple[int, str]] = field(default_factory=list)  # configs (listed after rows)
     seen: int = 0
 
     def reject(self, reason: str) -> None:
@@ -439,7 +439,7 @@ class _Pass:
         skip = []
         for ck, sql_ok, data in cursor:
             if not sql_ok or type(ck) is not bytes or ck.strip(_HEX_BYTES):
-                self.rejected.append((0, "a config row fails the pack's checks (dropped)"))
+                self.dropped.append((0, "a config row fails the pack's checks (dropped)"))
             elif type(data) is not bytes or _suspect(data) or not _flat_shape(data):
                 self.slow_configs.append(ck.decode())
             else:
@@ -532,18 +532,23 @@ def _change_counter(pack: Path) -> bytes:
         return f.read(28)[24:28]
 
 
-def _check_pack(conn: sqlite3.Connection) -> dict[int, tuple[str, str]]:
-    """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts."""
+def _quick_check(conn: sqlite3.Connection) -> None:
+    """SQLite's ``quick_check`` of the attached ``pk`` (:class:`PackError` if it fails)."""
     found = [str(r[0]) for r in conn.execute("PRAGMA pk.quick_check(5)")]
     if found != ["ok"]:
         raise PackError("integrity check failed: " + "; ".join(found)[:300])
+
+
+def _check_pack(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], int]:
+    """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts and
+    the row count its meta claims."""
     problem = _schema_problem(conn)
     if problem:
         raise PackError(problem)
     ctxs, problem = _contexts(conn)
     if problem:
         raise PackError(problem)
-    return ctxs
+    return ctxs, int(conn.execute("SELECT value FROM pk.meta WHERE name = 'rows'").fetchone()[0])
 
 
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
@@ -579,19 +584,31 @@ _CONFIGS = (
 
 
 class _Copier(threading.Thread):
-    """Copies the checked ranges of the pack with SQL on the store's connection while the calling
-    thread checks the next (SQLite runs without the GIL; see the module docstring for what the
-    thread gains)."""
+    """Runs the pack's ``quick_check``, then copies the checked configs and ranges of rows with
+    SQL on the store's connection, while the calling thread checks the next (SQLite runs without
+    the GIL; see the module docstring for what the thread gains)."""
 
     def __init__(self, conn: sqlite3.Connection, rule: str) -> None:
         super().__init__(name="te-fl-attn-pack-copy", daemon=True)
         self.conn, self.jobs = conn, queue.SimpleQueue()
         self.error: BaseException | None = None
+        self.refused: PackError | None = None  # the quick_check's refusal
+        self.checked = threading.Event()
         tail = _CONFLICT[rule]
         self.sql = (_RANGE.format(hi=" AND p.config_key < ?") + tail, _RANGE.format(hi="") + tail)
 
     def run(self) -> None:
         conn = self.conn
+        try:  # first, before any copy
+            _quick_check(conn)
+        except sqlite3.Error as exc:
+            self.refused = PackError(f"cannot read the pack: {exc}")
+        except PackError as exc:
+            self.refused = exc
+        except BaseException as exc:  # (re-raised by the calling thread)
+            self.error = exc
+        self.error = self.error or self.refused
+        self.checked.set()  # (always: the calling thread may be waiting for it)
         while (job := self.jobs.get()) is not None:
             if self.error is not None:
                 continue  # drain: the calling thread rolls back
@@ -609,10 +626,19 @@ class _Copier(threading.Thread):
             except BaseException as exc:  # (re-raised by the calling thread)
                 self.error = exc
 
+    def refusal(self) -> PackError | None:
+        """Wait for the ``quick_check``; its refusal, if it failed."""
+        self.checked.wait()
+        return self.refused
+
     def emit(self, lo: str, hi: str | None, skip: list[tuple[Any, ...]]) -> None:
         if self.error is not None:
             raise self.error
         self.jobs.put(("rows", lo, hi, skip))
+
+    def configs(self, skip: list[tuple[Any, ...]]) -> None:
+        """Copy the pack's configs, less the keys in ``skip``."""
+        self.jobs.put(("configs", None, None, skip))
 
     def finish(self) -> None:
         """Wait for every queued copy; re-raise the copier's error."""
@@ -634,17 +660,18 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
     """Check and copy the attached pack's rows in one transaction (committed on return).
 
     The checks (SQL per row in the scan, then Python: key digits, checksum, the validator's
-    verdict) run on this thread over a connection of their own, in key order; each checked range
-    of keys goes to the :class:`_Copier` thread, which copies it (less the keys the checks left
-    out) with one ``INSERT ... SELECT``. Both read the same snapshot (each holds its read lock
-    from before the copy to the commit, and the header's change counter must not move).
+    verdict) run on this thread over a connection of their own, configs first, then the rows in
+    key order; the :class:`_Copier` thread runs the pack's ``quick_check``, then copies the
+    checked configs and each checked range of keys (less the keys the checks left out) with one
+    ``INSERT ... SELECT`` each. Both read the same snapshot (each holds its read lock from before
+    the copy to the commit, and the header's change counter must not move).
     """
     result = PackResult()
     check = _Pass()
     counter = _change_counter(pack)
     try:
         conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
-        ctxs = _check_pack(conn)
+        ctxs, claimed = _check_pack(conn)
     except sqlite3.Error as exc:  # the pack, not the store: unreadable, not SQLite...
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
@@ -673,14 +700,20 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
             result.duplicates, result.conflicts = int(counts[0] or 0), int(counts[1] or 0)
         reader.execute("BEGIN")
         copier = _Copier(conn, rule)
-        copier.start()
-        try:
-            check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
+        copier.start()  # the quick_check first, then the copies, while this thread checks
+        try:  # the configs first: the copier copies them while the rows are checked
             cfg_ok = _qualified(CONFIG_WHERE, "g")
-            skip = check.configs(reader.execute(_VERIFY_CONFIGS.format(ok=cfg_ok)))
-        except sqlite3.DatabaseError as exc:  # the checks' own reads of the pack
+            copier.configs(check.configs(reader.execute(_VERIFY_CONFIGS.format(ok=cfg_ok))))
+            check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
+            if check.seen != claimed:  # the scan read every row
+                raise PackError(f"the pack holds {check.seen} rows, its meta says {claimed}")
+        except (sqlite3.DatabaseError, PackError) as exc:  # the checks' own reads of the pack
+            refused = copier.refusal()  # a damaged file: the integrity check says so first
+            if refused is not None:
+                raise refused from None
+            if isinstance(exc, PackError):
+                raise
             raise PackError(f"cannot read the pack: {exc}") from None
-        copier.jobs.put(("configs", None, None, skip))
         copier.finish()
         copier = None
         passed = check.passed + _slow_rows(conn, rule, check)
@@ -703,7 +736,7 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
             conn.execute("DETACH pk")
     result.written = int(after - before)  # new keys (a merge's replaced rows are not counted)
     result.skipped = max(0, passed - result.written)
-    result.rejected = check.rejected
+    result.rejected = check.rejected + check.dropped
     return result
 
 
@@ -752,7 +785,7 @@ def _copy_configs(conn: sqlite3.Connection, check: _Pass) -> None:
         except (ValueError, RecursionError, TypeError):
             checked = "not a JSON object"
         if not isinstance(checked, dict):
-            check.rejected.append((0, f"config {str(ck)[:16]}: {checked} (dropped)"))
+            check.dropped.append((0, f"config {str(ck)[:16]}: {checked} (dropped)"))
             continue
         conn.execute("INSERT INTO configs (config_key, config) VALUES (?, ?) ON CONFLICT DO"
                      " NOTHING", (ck, dumps(checked)))  # fmt: skip

@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -474,3 +476,95 @@ def test_a_config_the_byte_test_passes_is_one_the_validator_keeps_unchanged(obj,
     parsed = json.loads(data)
     if not pack._suspect(data) and pack._flat_shape(data):
         assert rows_mod.validate_flat(parsed, "config") == parsed
+
+
+def test_the_integrity_check_runs_beside_the_row_checks_and_its_refusal_applies_nothing(
+        packed, tmp_path, monkeypatch):  # fmt: skip
+    """``quick_check`` runs on the copier thread while the calling thread checks the rows; no copy
+    starts before it passes, and when it fails after every range was checked and queued, the
+    pack is refused and nothing applied."""
+    _, path = packed
+    rows_done, seen = threading.Event(), []
+    real_rows = pack._Pass.rows
+
+    def rows(self, *args):
+        real_rows(self, *args)
+        rows_done.set()
+
+    def quick_check(conn):
+        assert rows_done.wait(30)  # every range is checked and queued, none copied yet
+        seen.append(conn.execute("SELECT count(*) FROM main.probes").fetchone()[0])
+        raise pack.PackError("integrity check failed: (test)")
+
+    monkeypatch.setattr(pack._Pass, "rows", rows)
+    monkeypatch.setattr(pack, "_quick_check", quick_check)
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    with pytest.raises(pack.PackError, match="integrity check failed"):
+        transfer.import_(fresh, path)
+    assert seen == [1] and len(fresh) == 1 and fresh.check_integrity() is None
+
+
+def test_a_damaged_pack_is_refused_by_its_integrity_check_whatever_the_row_checks_met(
+        packed, tmp_path):  # fmt: skip
+    """Table pages garbled past the schema page: the row checks may meet anything (an SQLite
+    error, rows out of order, bad checksums), the refusal is the integrity check's."""
+    _, path = packed
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    for seed in range(6):
+        bad = bytearray(data)
+        rng = random.Random(seed)
+        for i in range(1, len(bad) // page):
+            start = i * page + rng.randrange(8, page - 300)
+            bad[start:start + 200] = rng.randbytes(200)
+        (tmp_path / "bad.pack").write_bytes(bytes(bad))
+        with pytest.raises(pack.PackError, match="integrity check failed|cannot read the pack"):
+            transfer.import_(fresh, tmp_path / "bad.pack")
+    assert len(fresh) == 0
+
+
+@pytest.mark.parametrize("claimed", [39, 41, 0])
+def test_a_row_count_other_than_meta_claims_is_refused_after_every_range_was_copied(
+        packed, tmp_path, monkeypatch, claimed):  # fmt: skip
+    """The row checks' scan counts the rows; a count other than ``meta``'s refuses the pack at
+    the end of the scan, and the ranges already copied are rolled back."""
+    _, path = packed
+    monkeypatch.setattr(pack, "CHUNK_ROWS", 2)
+    _edit(path, f"UPDATE meta SET value = '{claimed}' WHERE name = 'rows'")
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    with pytest.raises(pack.PackError, match=f"holds 40 rows, its meta says {claimed}"):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 0 and fresh.check_integrity() is None
+
+
+@pytest.mark.parametrize("huge_row", [False, True])
+def test_an_error_in_the_integrity_check_itself_never_leaves_the_import_waiting(
+        packed, tmp_path, monkeypatch, huge_row):  # fmt: skip
+    """An unexpected error inside ``quick_check`` (not a refusal) still releases a calling thread
+    that waits for its verdict: the import ends with an error and applies nothing."""
+    _, path = packed
+    if huge_row:  # the row checks fail too: the calling thread waits for the check's verdict
+        _edit(path, *HOSTILE["huge_row"])
+
+    def broken(conn):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pack, "_quick_check", broken)
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            transfer.import_(fresh, path)
+        except BaseException as exc:  # noqa: BLE001 (checked below)
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    expected = pack.PackError if huge_row else RuntimeError
+    assert len(errors) == 1 and isinstance(errors[0], expected), errors
+    assert len(fresh) == 0
