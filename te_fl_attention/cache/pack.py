@@ -32,7 +32,7 @@ A pack is treated as hostile, as a JSON Lines export is:
   range of config keys (:data:`CHUNK_ROWS` rows, ending where a config begins) with one
   ``INSERT ... SELECT``, leaving out the keys the checks named, while the next range is checked
   (SQLite runs without the GIL, but two SQLite threads of one process scale poorly with the
-  Debian build measured; README, "Two formats", gives what the thread gains).
+  Debian build measured; benchmarks/pack_import.md gives what the thread gains).
   Both connections read one snapshot: each holds its read lock from before the copy to the
   commit, the header's change counter must not move in between, and a scan out of key order (a
   damaged b-tree) refuses the pack, so no row is copied before its check.
