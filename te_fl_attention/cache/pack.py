@@ -327,37 +327,39 @@ def _copy_rows(conn: sqlite3.Connection, cache: Any, device_fp: str | None) -> N
 
 
 # ---------------------------------------------------------------------------------------- checks
-def _schema_problem(conn: sqlite3.Connection) -> str | None:
-    """Why the attached ``pk`` is not a pack this package reads, or ``None``."""
+def _check_schema(conn: sqlite3.Connection) -> int:
+    """The row count the attached ``pk``'s meta claims (matched by the row checks' scan), or
+    :class:`PackError`: why it is not a pack this package reads."""
     app = conn.execute("PRAGMA pk.application_id").fetchone()[0]
     version = conn.execute("PRAGMA pk.user_version").fetchone()[0]
     if app != PACK_APPLICATION_ID:
-        return "not a te_fl_attention pack (application id)"
+        raise PackError("not a te_fl_attention pack (application id)")
     objects = {(str(t), str(n), str(tbl)): q for t, n, tbl, q in conn.execute(
         "SELECT type, name, tbl_name, sql FROM pk.sqlite_master")}  # fmt: skip
     expected = {("table", n, n): ddl for n, ddl in PACK_SCHEMA.items()}
     extra = sorted(f"{t} {n}" for t, n, _ in objects.keys() - expected.keys())
     if extra:  # (WITHOUT ROWID and INTEGER PRIMARY KEY tables have no automatic index)
-        return f"unexpected schema objects: {', '.join(extra)[:300]}"
+        raise PackError(f"unexpected schema objects: {', '.join(extra)[:300]}")
     missing = sorted(n for _, n, _ in expected.keys() - objects.keys())
     if missing:
-        return f"missing schema objects: {', '.join(missing)}"
+        raise PackError(f"missing schema objects: {', '.join(missing)}")
     for k, ddl in expected.items():
         if objects[k] != ddl:
-            return f"table {k[1]} is not the pack's table"
+            raise PackError(f"table {k[1]} is not the pack's table")
     meta = dict(conn.execute("SELECT CAST(name AS TEXT), CAST(value AS TEXT) FROM pk.meta"
                              " LIMIT 16").fetchall())  # fmt: skip
     if meta.get("format") != PACK_FORMAT:
-        return f"not a {PACK_FORMAT} file (format={str(meta.get('format'))[:60]!r})"
+        raise PackError(f"not a {PACK_FORMAT} file (format={str(meta.get('format'))[:60]!r})")
     text = str(meta.get("format_version", ""))
     if not text.isdigit():
-        return "meta format_version must be an integer"
+        raise PackError("meta format_version must be an integer")
     if int(text) != PACK_VERSION or version != PACK_VERSION:
-        return (f"format_version {int(text) if version == PACK_VERSION else version} is not"
-                f" supported (this package reads {PACK_VERSION})")  # fmt: skip
-    if not str(meta.get("rows", "")).isdigit():  # (matched by the row checks' scan)
-        return "meta rows must be an integer"
-    return None
+        raise PackError(f"format_version {int(text) if version == PACK_VERSION else version} is"
+                        f" not supported (this package reads {PACK_VERSION})")  # fmt: skip
+    rows = str(meta.get("rows", ""))
+    if not rows.isdigit():
+        raise PackError("meta rows must be an integer")
+    return int(rows)
 
 
 @dataclass
@@ -542,13 +544,11 @@ def _quick_check(conn: sqlite3.Connection) -> None:
 def _check_pack(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], int]:
     """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts and
     the row count its meta claims."""
-    problem = _schema_problem(conn)
-    if problem:
-        raise PackError(problem)
+    claimed = _check_schema(conn)
     ctxs, problem = _contexts(conn)
     if problem:
         raise PackError(problem)
-    return ctxs, int(conn.execute("SELECT value FROM pk.meta WHERE name = 'rows'").fetchone()[0])
+    return ctxs, claimed
 
 
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
@@ -602,12 +602,11 @@ class _Copier(threading.Thread):
         try:  # first, before any copy
             _quick_check(conn)
         except sqlite3.Error as exc:
-            self.refused = PackError(f"cannot read the pack: {exc}")
+            self.error = self.refused = PackError(f"cannot read the pack: {exc}")
         except PackError as exc:
-            self.refused = exc
+            self.error = self.refused = exc
         except BaseException as exc:  # (re-raised by the calling thread)
             self.error = exc
-        self.error = self.error or self.refused
         self.checked.set()  # (always: the calling thread may be waiting for it)
         while (job := self.jobs.get()) is not None:
             if self.error is not None:
