@@ -15,7 +15,8 @@ A pack is treated as hostile, as a JSON Lines export is:
   row checks met). Before the commit: the row checks' scan read as many rows as ``meta`` claims.
   Any failure refuses the whole pack (clear error, nothing applied).
 * Each row, in SQL (a column of the checking scan, :data:`ROW_WHERE`): the column checks of the
-  schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour them):
+  schema's ``CHECK`` constraints (:data:`PROBE_CHECKS`; a hostile file need not honour them, and
+  ``quick_check`` does not test them: SQLite never parses a read-only database's ``CHECK``s):
   types via ``typeof``, known backends, ranges (``created_at`` in [0, now +
   :data:`.rows.MAX_CLOCK_SKEW_S`], ``elapsed_ms`` in [0, 1e9], ``crc`` 32-bit, ``supported`` 0/1),
   sizes; its context is one of the checked ones. In Python (the same scan, read in key order):

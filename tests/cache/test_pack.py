@@ -172,6 +172,30 @@ def test_bad_rows_are_counted_and_skipped_with_one_warning(packed, tmp_path, cac
     assert len([m for m in cache_log.at(30) if "rejected" in m]) == 1
 
 
+def test_rows_that_break_the_checks_pass_the_integrity_check_and_the_row_checks_catch_them(
+        packed, tmp_path):  # fmt: skip
+    """SQLite never parses a read-only database's CHECKs, so the import's ``quick_check`` (of
+    the pack attached read-only) passes rows that break them: the row checks must catch them."""
+    _, path = packed
+    one = " WHERE config_key = ? AND backend = 'fused'"
+    _edit(path, "UPDATE probes SET supported = 7, backend = 'evil'" + one, params=(key(0)[0],))
+    writable = sqlite3.connect(path)  # (read-write, its CHECKs parsed: the row is seen)
+    try:
+        assert writable.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+    finally:
+        writable.close()
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("ATTACH ? AS pk", (f"file:{path}?mode=ro",))
+        pack._quick_check(conn)  # passes: no refusal
+    finally:
+        conn.close()
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    report = transfer.import_(fresh, path)
+    assert report.imported == 39 and [r for _, r in report.rejected] == [pack._FAILS_SQL]
+    assert fresh.get(key(0, "fused")) is None and fresh.get(key(0, "flash")) is not None
+
+
 @pytest.mark.parametrize("good_first", [True, False])
 @pytest.mark.parametrize("number", ["01.5", "00", "-1.5", "1e3", "1000000000.5"])
 def test_a_result_that_differs_from_a_good_one_only_in_its_elapsed_ms_is_validated(
