@@ -465,23 +465,24 @@ def _verdict(key: CacheKey, data: bytes) -> tuple[int, bytes] | bool:
     return (1 if obj["supported"] else 0), str(obj.get("stage", "rule")).encode()
 
 
-def _contexts(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], str | None]:
-    """The pack's contexts (id -> device fingerprint, versions key), or why the pack is refused
-    (an id that is not the hash of its device and software stack, a device JSON the validator
-    refuses)."""
+def _contexts(conn: sqlite3.Connection) -> dict[int, tuple[str, str]]:
+    """The pack's contexts (id -> device fingerprint, versions key), or :class:`PackError`: why
+    the pack is refused (an id that is not the hash of its device and software stack, a device
+    JSON the validator refuses)."""
     good: dict[int, tuple[str, str]] = {}
     where = _qualified(CONTEXT_CHECKS, "c")
     for ctx, fp, vk, device, ok in conn.execute(
             f"SELECT c.ctx, c.device_fp, c.versions_key, c.device, CASE WHEN {where} THEN 1"
             " ELSE 0 END FROM pk.contexts c"):  # fmt: skip
         if not ok or ctx != ctx_id(fp, vk):
-            return {}, f"context {str(ctx)[:24]} is not the id of its device and software stack"
+            raise PackError(f"context {str(ctx)[:24]} is not the id of its device and software"
+                            " stack")  # fmt: skip
         if device is not None:
             checked = validate_flat(json.loads(device), "device")
             if isinstance(checked, str):
-                return {}, f"context {ctx}: {checked}"
+                raise PackError(f"context {ctx}: {checked}")
         good[int(ctx)] = (fp, vk)
-    return good, None
+    return good
 
 
 # ---------------------------------------------------------------------------------------- import
@@ -545,11 +546,8 @@ def _quick_check(conn: sqlite3.Connection) -> None:
 def _check_pack(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], int]:
     """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts and
     the row count its meta claims."""
-    claimed = _check_schema(conn)
-    ctxs, problem = _contexts(conn)
-    if problem:
-        raise PackError(problem)
-    return ctxs, claimed
+    claimed = _check_schema(conn)  # (first: the contexts are read only from a pack's schema)
+    return _contexts(conn), claimed
 
 
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"

@@ -227,10 +227,24 @@ HOSTILE = {
                       "PRAGMA user_version = 2"],
     "row_count": ["UPDATE meta SET value = '7' WHERE name = 'rows'"],
     "no_checks": ["UPDATE sqlite_master SET sql = replace(sql, 'CHECK (typeof(crc)',"
-                  " 'CHECK ((typeof(crc)') WHERE name = 'probes'"],
+                  " 'CHECK (1 OR typeof(crc)') WHERE name = 'probes'"],  # valid SQL, weakened
     "bad_context": ["UPDATE contexts SET ctx = ctx + 1", "UPDATE probes SET ctx = ctx + 1"],
     "huge_row": [f"UPDATE probes SET result = result || '{' ' * (MAX_ROW + 10)}'"
                  f" WHERE config_key = '{key(0)[0]}' AND backend = 'fused'"],
+}
+
+
+#: The refusal each hostile pack gets (the check that must catch it, not merely some error).
+REFUSALS = {
+    "trigger": "unexpected schema objects: trigger t",
+    "view": "unexpected schema objects: view v",
+    "extra_table": "unexpected schema objects: table extra",
+    "extra_index": "unexpected schema objects: index i",
+    "newer_version": r"format_version 2 is not supported \(this package reads 1\)",
+    "row_count": "the pack holds 40 rows, its meta says 7",
+    "no_checks": "table probes is not the pack's table",
+    "bad_context": "context [0-9]+ is not the id of its device and software stack",
+    "huge_row": rf"a row of [0-9]+ bytes \(limit {MAX_ROW}\)",
 }
 
 
@@ -240,7 +254,7 @@ def test_a_hostile_pack_is_refused_and_nothing_applied(packed, tmp_path, kind):
     _edit(path, *HOSTILE[kind])
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     fresh.put(key(1000), result(1000))
-    with pytest.raises(pack.PackError):
+    with pytest.raises(pack.PackError, match=f"^{REFUSALS[kind]}$"):
         transfer.import_(fresh, path)
     assert len(fresh) == 1 and fresh.check_integrity() is None
     with pytest.raises(pack.PackError):
