@@ -35,9 +35,10 @@ SCHEMA_VERSION = 1
 #: ``PRAGMA application_id`` of our stores ("TEFA").
 APPLICATION_ID = 0x54454641
 BUSY_TIMEOUT_S = 30.0
+#: Page size of a new store (an existing store keeps its own; README, "Probe cache").
+PAGE_SIZE = 16384
 #: After ``busy_timeout`` expires, keep retrying with backoff up to this long in total.
 BUSY_GIVE_UP_S = 120.0
-#: ``prune --older-than`` also deletes rows stamped more than this far in the future.
 
 _T = TypeVar("_T")
 
@@ -411,6 +412,7 @@ class SQLiteFile:
             raise sqlite3.OperationalError(f"cannot use WAL journal (got {mode}): disk I/O")
 
     def _create(self, conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (before the file's first write)
         self._set_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:

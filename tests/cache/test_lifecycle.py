@@ -18,7 +18,7 @@ from cache_testutil import Records, key, result, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_fl_attention.cache import ProbeCache, open_cache
+from te_fl_attention.cache import ProbeCache, _lifecycle, open_cache
 
 ROWS = 60
 
@@ -123,6 +123,39 @@ def test_zero_length_file_is_a_new_store(tmp_path, cache_log):
     conn = sqlite3.connect(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert tables == {"meta", "contexts", "configs", "probes"}
+
+
+def _page_size(path: Path) -> int:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_new_store_takes_the_page_size_an_older_store_keeps_its_own(tmp_path, cache_log,
+                                                                       monkeypatch):  # fmt: skip
+    new = tmp_path / "new.sqlite"
+    cache = ProbeCache(new)
+    cache.put(key(1), result(1))
+    cache.close()
+    assert _page_size(new) == _lifecycle.PAGE_SIZE == 16384
+    # A store written by an earlier version (4,096-byte pages, the same schema) is used as it is:
+    # read, written, never moved aside, its pages unchanged.
+    old = tmp_path / "old.sqlite"
+    monkeypatch.setattr(_lifecycle, "PAGE_SIZE", 4096)
+    cache = ProbeCache(old)
+    cache.put(key(1), result(1))
+    cache.close()
+    monkeypatch.undo()
+    assert _page_size(old) == 4096
+    cache = ProbeCache(old)
+    assert cache.get(key(1)) == result(1)
+    cache.put(key(2), result(2))
+    assert cache.mode == "rw" and len(cache) == 2
+    cache.close()
+    assert _page_size(old) == 4096 and not _quarantined(old)
+    assert cache_log.at(logging.WARNING) == []
 
 
 @pytest.mark.parametrize("content", [
