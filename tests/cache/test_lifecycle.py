@@ -143,11 +143,11 @@ def test_a_new_store_takes_the_page_size_an_older_store_keeps_its_own(tmp_path, 
     # A store written by an earlier version (4,096-byte pages, the same schema) is used as it is:
     # read, written, never moved aside, its pages unchanged.
     old = tmp_path / "old.sqlite"
-    monkeypatch.setattr(_lifecycle, "PAGE_SIZE", 4096)
-    cache = ProbeCache(old)
-    cache.put(key(1), result(1))
-    cache.close()
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(_lifecycle, "PAGE_SIZE", 4096)
+        cache = ProbeCache(old)
+        cache.put(key(1), result(1))
+        cache.close()
     assert _page_size(old) == 4096
     cache = ProbeCache(old)
     assert cache.get(key(1)) == result(1)
