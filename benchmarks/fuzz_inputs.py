@@ -1,7 +1,7 @@
 """Fuzz every boundary where input comes in from outside: argv, environment, config files,
 imported cache rows and Redis values.
 
-Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from five kinds:
+Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from six kinds:
 
 * ``argv``: ``te-fl-attn`` command lines from the CLI's grammar (``explain``, ``device``,
   ``matrix``, ``cache``), each flag given a well-formed or a malformed value (huge or negative
@@ -15,7 +15,12 @@ Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from five kind
   huge or non-finite numbers, far-future timestamps, huge strings, lone surrogates), imported into
   a fresh store, then ``explain`` of the same config;
 * ``redis``: the same mutations written over the values a real ``redis-server`` holds (started
-  here on 127.0.0.1), then ``explain`` from a fresh local store through the Redis tier.
+  here on 127.0.0.1), then ``explain`` from a fresh local store through the Redis tier;
+* ``pack``: the same mutations written into a real SQLite pack (``cache export --format sqlite``)
+  as a hostile writer would (CHECK constraints off, each row's columns kept in step with its
+  mutated result and its checksum recomputed, so every row reaches the validator), then up to
+  three runs of up to 64 bytes of the file overwritten; merged with the first store into a new
+  file, imported into a fresh store, then ``explain``.
 
 Every case runs the CLI in this process (stdout/stderr captured, a 30 s alarm) and is judged:
 
@@ -76,8 +81,11 @@ class Case:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Which parts were deliberately malformed (an accepted malformed input is a wrong exit).
     broken: list[str] = dataclasses.field(default_factory=list)
-    #: For import/redis cases: the config explained and the row mutations applied.
+    #: For import/redis/pack cases: the config explained and the row mutations applied.
     mutations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: For pack cases: runs of bytes overwritten in the file after the mutations (offset as a
+    #: fraction of its size, the byte written, how many times).
+    flips: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------ value pools
@@ -250,12 +258,15 @@ def rows_case(draw: Any, kind: str) -> Case:
     muts = draw(st.lists(st.sampled_from(_MUTATIONS), min_size=1, max_size=3))
     which = draw(st.sampled_from(["fused", "flash", "triton", "all"]))
     muts = [{**m, "backend": which} for m in muts]
-    return Case(kind, ["explain", *flags, "--device", dev, "--json"], mutations=muts)
+    flips = draw(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255), st.integers(1, 64)),
+                          max_size=3) if kind == "pack" else st.just([]))  # fmt: skip
+    return Case(kind, ["explain", *flags, "--device", dev, "--json"], mutations=muts,
+                flips=flips)  # fmt: skip
 
 
 def cases() -> st.SearchStrategy[Case]:
     return st.one_of(argv_case(), env_case(), config_case(), rows_case("import"),
-                     rows_case("redis"))  # fmt: skip
+                     rows_case("redis"), rows_case("pack"))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ running
@@ -401,7 +412,7 @@ def execute(case: Case, redis: Redis | None = None) -> dict[str, Any]:
         for name, text in case.files.items():
             (work / name).write_text(text, encoding="utf-8", errors="surrogatepass")
         env = dict(case.env)
-        if case.kind in ("import", "redis"):
+        if case.kind in ("import", "redis", "pack"):
             return _execute_rows(case, work, env, redis)
         out = run_cli(case.argv, env, work)
         return judge(case, out)
@@ -438,6 +449,22 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
         verdict = judge(Case("import", ["cache", "import"]), imported)
         if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
             return verdict
+    elif case.kind == "pack":
+        exported = run_cli(["cache", "export", "--format", "sqlite", str(work / "rows.pack")],
+                           first, work)  # fmt: skip
+        if exported.error or exported.hang:
+            return judge(case, exported)
+        _corrupt_pack(work / "rows.pack", case.mutations, case.flips)
+        merge = ["cache", "merge", "-o", str(work / "merged.sqlite"), str(work / "rows.pack"),
+                 str(work / "a.sqlite")]  # fmt: skip
+        merged = run_cli(merge, second, work)
+        verdict = judge(Case("pack", ["cache", "merge"]), merged)
+        if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
+            return verdict
+        imported = run_cli(["cache", "import", str(work / "rows.pack")], second, work)
+        verdict = judge(Case("pack", ["cache", "import"]), imported)
+        if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
+            return verdict
     else:
         for key in redis.client.scan_iter(match="*:r:*"):
             try:
@@ -458,6 +485,65 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
             verdict["widened"] = 1
             verdict["why"] = f"chose {chosen}, which the local rules refuse ({why})"
     return verdict
+
+
+def _sql_value(value: Any) -> Any:
+    """A mutated value as a hostile writer stores it: JSON text for containers, text for an
+    integer SQLite cannot hold, bytes stored as text for a string UTF-8 cannot encode."""
+    if isinstance(value, (dict, list)):
+        return _dump(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        return str(value)
+    return value
+
+
+def _corrupt_pack(path: Path, mutations: list[dict[str, Any]],
+                  flips: list[tuple[float, int, int]]) -> None:  # fmt: skip
+    """Apply ``mutations`` to every row of a real pack and overwrite the runs of ``flips``."""
+    import sqlite3
+
+    from te_fl_attention.cache.keys import CacheKey
+    from te_fl_attention.cache.rows import row_crc_bytes
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA ignore_check_constraints=ON")  # as a hostile writer may
+    conn.execute("BEGIN")
+    contexts = {c: (fp, vk, dev) for c, fp, vk, dev in conn.execute("SELECT * FROM contexts")}
+    rows = conn.execute("SELECT config_key, backend, ctx, created_at, result FROM probes")
+    for ck, backend, ctx, created, text in rows.fetchall():
+        fp, vk, dev = contexts[ctx]
+        row = {"backend": backend, "created_at": created, "result": json.loads(text),
+               "context": {"device": json.loads(dev) if dev else None}}  # fmt: skip
+        for m in mutations:
+            _mutate(row, m)
+        result = row["result"]
+        data = _dump(result).encode("utf-8", "surrogatepass")
+        new_backend = _sql_value(row["backend"])
+        key = CacheKey(ck, str(new_backend), fp, vk)
+        try:
+            crc = row_crc_bytes(key, data)
+        except UnicodeEncodeError:
+            crc = 0
+        conn.execute(
+            "UPDATE OR IGNORE probes SET backend = ?, supported = ?, stage = ?, elapsed_ms = ?,"
+            " created_at = ?, crc = ?, result = CAST(? AS TEXT) WHERE config_key = ?"
+            " AND backend = ? AND ctx = ?",
+            (new_backend, _sql_value(result.get("supported")), _sql_value(result.get("stage",
+             "rule")), _sql_value(result.get("elapsed_ms", 0.0)), _sql_value(row["created_at"]),
+             crc, data, ck, backend, ctx))  # fmt: skip
+        device = row["context"].get("device") if isinstance(row["context"], dict) else None
+        if device is not None:
+            dumped = _dump(device).encode("utf-8", "surrogatepass")
+            conn.execute("UPDATE contexts SET device = CAST(? AS TEXT) WHERE ctx = ?",
+                         (dumped, ctx))  # fmt: skip
+    conn.execute("COMMIT")
+    conn.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        for where, byte, run in flips:
+            at = min(size - 1, int(where * size))
+            f.seek(at)
+            f.write(bytes([byte]) * min(run, size - at))
 
 
 def judge(case: Case, out: Outcome) -> dict[str, Any]:

@@ -670,10 +670,10 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
     try:
         conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
         ctxs, claimed = _check_pack(conn)
-    except sqlite3.Error as exc:  # the pack, not the store: unreadable, not SQLite...
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # the pack, not the store: unreadable...
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
-        raise PackError(f"cannot read the pack: {exc}") from None
+        raise PackError(f"cannot read the pack: {_sqlite_problem(exc)}") from None
     reader = _connect_pack(pack)
     copier: _Copier | None = None
     try:
@@ -705,13 +705,13 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
             check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
             if check.seen != claimed:  # the scan read every row
                 raise PackError(f"the pack holds {check.seen} rows, its meta says {claimed}")
-        except (sqlite3.DatabaseError, PackError) as exc:  # the checks' own reads of the pack
+        except (sqlite3.DatabaseError, UnicodeDecodeError, PackError) as exc:  # its own reads
             refused = copier.refusal()  # a damaged file: the integrity check says so first
             if refused is not None:
                 raise refused from None
             if isinstance(exc, PackError):
                 raise
-            raise PackError(f"cannot read the pack: {exc}") from None
+            raise PackError(f"cannot read the pack: {_sqlite_problem(exc)}") from None
         copier.finish()
         copier = None
         passed = check.passed + _slow_rows(conn, rule, check)
@@ -720,12 +720,14 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         if _change_counter(pack) != counter:
             raise PackError("the pack changed while it was read")
         conn.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         if copier is not None:
             copier.abort()
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+            _whose_damage(conn, pack, exc)  # (a full disk, a lock, a read-only store: the store's)
         raise
     finally:
         with contextlib.suppress(sqlite3.Error):
@@ -829,6 +831,36 @@ def import_pack(cache: Any, path: str | os.PathLike[str]) -> ImportReport:
     return report
 
 
+def _whose_damage(conn: sqlite3.Connection, pack: Path, exc: sqlite3.DatabaseError) -> None:
+    """Damage met by a statement that reads the pack and writes the store: the pack's refusal
+    (:class:`PackError`) unless the pack passes ``quick_check`` and the store fails its own, in
+    which case the caller re-raises ``exc`` (the store's problem)."""
+    check = sqlite3.connect(":memory:")
+    try:
+        check.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
+        _quick_check(check)
+    except PackError:
+        raise
+    except (sqlite3.Error, UnicodeDecodeError) as bad:
+        raise PackError(f"cannot read the pack: {_sqlite_problem(bad)}") from None
+    finally:
+        check.close()
+    try:
+        store_ok = [str(r[0]) for r in conn.execute("PRAGMA main.quick_check(1)")] == ["ok"]
+    except sqlite3.Error:
+        store_ok = False
+    if store_ok:
+        raise PackError(f"cannot read the pack: {exc}") from None
+
+
+def _sqlite_problem(exc: Exception) -> str:
+    """What went wrong reading a pack. SQLite's message can quote the file's own schema text;
+    when that text is not UTF-8, Python's sqlite3 raises :class:`UnicodeDecodeError` instead."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "its schema is damaged (SQLite's message about it is not UTF-8 text)"
+    return str(exc)
+
+
 def _rows_in(path: str | os.PathLike[str]) -> int:
     """The row count a pack's meta claims (0 if unreadable): for a report of what was not
     written."""
@@ -839,7 +871,7 @@ def _rows_in(path: str | os.PathLike[str]) -> int:
         finally:
             conn.close()
         return int(value[0]) if value and str(value[0]).isdigit() else 0
-    except sqlite3.Error:
+    except (sqlite3.Error, UnicodeDecodeError):
         return 0
 
 

@@ -243,7 +243,12 @@ def _merge_into(store: ProbeCache, sources: Iterable[str | os.PathLike[str]],
     for src in sources:
         rejected: list[tuple[int, str]] = []
         if _pack.is_pack(src):  # an SQLite pack: copied with SQL, newer wins (see .pack)
-            done = _pack.merge_pack(store, src)
+            try:
+                done = _pack.merge_pack(store, src)
+            except _pack.PackError as exc:  # (named: a merge reads two sources)
+                raise _pack.PackError(f"refusing the pack {os.fspath(src)}: {exc}") from None
+            except sqlite3.Error as exc:  # the merged store's (a full disk...)
+                raise OSError(f"cannot write the merged store: {exc}") from None
             report.conflicts += done.conflicts
             report.duplicates += done.duplicates
             report.rejected.extend((str(src), n, r) for n, r in done.rejected)

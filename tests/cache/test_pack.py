@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -275,6 +276,42 @@ def test_a_corrupt_or_truncated_pack_is_refused(packed, tmp_path):
     assert len(fresh) == 0
 
 
+def test_a_pack_whose_schema_text_is_not_utf8_is_refused_by_name(packed, tmp_path):
+    # SQLite's message about a damaged schema quotes its text; Python's sqlite3 then raises
+    # UnicodeDecodeError, not an sqlite3 error (found by benchmarks/fuzz_inputs.py's pack kind)
+    store, path = packed
+    data = bytearray(path.read_bytes())
+    at = data.index(b"CREATE TABLE probes") + len("CREATE ")
+    data[at : at + 2] = b"\xce,"
+    path.write_bytes(bytes(data))
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    with pytest.raises(pack.PackError, match=r"^cannot read the pack: its schema is damaged"):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 1 and fresh.check_integrity() is None
+    with pytest.raises(pack.PackError, match=f"^refusing the pack {re.escape(str(path))}: cannot"):
+        transfer.merge(path, store.path, tmp_path / "m.sqlite")
+    assert not (tmp_path / "m.sqlite").exists()
+
+
+def test_a_damaged_pack_met_before_its_checks_is_refused_not_raised(packed, tmp_path):
+    # a merge reads the pack's rows first (to count duplicates and conflicts), before the
+    # integrity check and the row checks have run: damage met there is the pack's refusal
+    store, path = packed
+    data = bytearray(path.read_bytes())
+    page = len(data) // 4096 // 2 * 4096  # a page of the probes table
+    data[page + 8 : page + 4096] = os.urandom(4088)
+    path.write_bytes(bytes(data))
+    with pytest.raises(pack.PackError, match=f"^refusing the pack {re.escape(str(path))}: "):
+        transfer.merge(path, store.path, tmp_path / "m.sqlite")
+    assert not (tmp_path / "m.sqlite").exists()
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    with pytest.raises(pack.PackError):
+        transfer.import_(fresh, path)
+    assert len(fresh) == 1 and fresh.check_integrity() is None
+
+
 def test_not_sqlite_and_fifos_are_not_packs(tmp_path):
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     (tmp_path / "noise").write_bytes(b"SQLite format 3\x00" + os.urandom(200))
@@ -318,6 +355,13 @@ def test_import_into_a_full_store_reports_nothing_written(small_disk, tmp_path):
     assert cmd.cmd_import(str(tmp_path / "big.pack"), out.append, cache=store) == 1
     assert "NOT written" in " ".join(out) or "could not be written" in " ".join(out)
     assert _count(small_disk / "s.sqlite") == 1
+    # a merge of the same pack onto the full disk: a clear error, no output, no traceback
+    out.clear()
+    merged = small_disk / "m.sqlite"
+    assert cmd.cmd_merge(str(tmp_path / "big.pack"), str(tmp_path / "src.sqlite"), str(merged),
+                         out.append) == 1  # fmt: skip
+    assert "cannot write the merged store" in " ".join(out), out
+    assert not merged.exists()
 
 
 # ------------------------------------------------------------------ concurrency and kill -9
