@@ -137,7 +137,7 @@ def _current_checks(pack: Path) -> float:
     """Seconds the import's own check pass takes over the current pack (configs, then rows)."""
     conn = sqlite3.connect(":memory:")
     conn.execute("ATTACH ? AS pk", (f"file:{pack}?mode=ro",))
-    ctxs, _ = P._check_pack(conn)
+    ctxs, _, _ = P._check_pack(conn)
     reader = P._connect_pack(pack)
     check = P._Pass()
     sql_ok = (f"({P._qualified(P.ROW_WHERE, 'p')}) AND p.created_at <= {time.time() + 600!r}"

@@ -47,6 +47,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -240,6 +241,7 @@ _MUTATIONS = [
     {"path": ["created_at"], "value": 4_102_444_800.0 * 100},
     {"path": ["created_at"], "value": "yesterday"},
     {"path": ["context", "device"], "value": 5},
+    {"path": ["context", "device"], "value": {"name": "h100\x1b]0;pwned\x07\x1b[2J", "sm": 90}},
     {"path": ["backend"], "value": "cuda"},
     {"path": ["result", "backend"], "value": "unfused"},
 ]  # fmt: skip
@@ -476,6 +478,16 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
                 _mutate(row, m)
             redis.client.set(key, _dump(row["result"]))
         second["TE_FL_ATTN_REMOTE_CACHE"] = redis.url
+    if case.kind in ("import", "pack"):  # what the import stored, shown as text
+        for argv in (["cache", "list"], ["cache", "stats"]):
+            shown = run_cli(argv, second, work)
+            verdict = judge(Case(case.kind, argv), shown)
+            if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
+                return verdict
+            if _RAW_CONTROL.search(shown.stdout + shown.stderr):
+                verdict["wrong_exit"] = 1
+                verdict["why"] = f"{' '.join(argv)} printed a raw control character"
+                return verdict
     out = run_cli(case.argv, second, work)
     verdict = judge(case, out)
     if out.rc in (0, 3) and not verdict["wrong_exit"]:
@@ -485,6 +497,10 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
             verdict["widened"] = 1
             verdict["why"] = f"chose {chosen}, which the local rules refuse ({why})"
     return verdict
+
+
+#: Terminal control characters (tab and newline aside) that text output must never print raw.
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _sql_value(value: Any) -> Any:
@@ -532,7 +548,7 @@ def _corrupt_pack(path: Path, mutations: list[dict[str, Any]],
              "rule")), _sql_value(result.get("elapsed_ms", 0.0)), _sql_value(row["created_at"]),
              crc, data, ck, backend, ctx))  # fmt: skip
         device = row["context"].get("device") if isinstance(row["context"], dict) else None
-        if device is not None:
+        if device is not None and device != (json.loads(dev) if dev else None):  # (mutated)
             dumped = _dump(device).encode("utf-8", "surrogatepass")
             conn.execute("UPDATE contexts SET device = CAST(? AS TEXT) WHERE ctx = ?",
                          (dumped, ctx))  # fmt: skip

@@ -9,7 +9,8 @@ A pack is treated as hostile, as a JSON Lines export is:
 * Before any row is read: the file is a regular file (no FIFO or device), attached read-only,
   its ``sqlite_master`` is exactly the pack schema (no extra table, index, view or trigger), its
   ``application_id``/``user_version`` and ``meta`` name this format and a version this package
-  reads, and every ``contexts`` row's id is the one its (device, software stack) hashes to.
+  reads, and every ``contexts`` row's id is the one its (device, software stack) hashes to (its
+  device JSON passes the validator, and is stored as the validator cleaned it).
   Before any row is copied: the file passes ``quick_check`` (run by the copier thread while the
   calling thread checks the rows; when it fails, its refusal is the one reported, whatever the
   row checks met). Before the commit: the row checks' scan read as many rows as ``meta`` claims.
@@ -37,6 +38,10 @@ A pack is treated as hostile, as a JSON Lines export is:
   Both connections read one snapshot: each holds its read lock from before the copy to the
   commit, the header's change counter must not move in between, and a scan out of key order (a
   damaged b-tree) refuses the pack, so no row is copied before its check.
+* SQLite's report of damage (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``, or a message quoting schema
+  text that is not UTF-8) from any statement that reads the pack, before its checks too (a
+  merge first counts duplicates and conflicts), refuses the pack; it is the store's problem only
+  when the pack passes ``quick_check`` and the store fails its own.
 * A row over :data:`.rows.MAX_ROW` bytes refuses the pack (rolled back: nothing applied). Other
   failing rows are counted and skipped, with one warning; a write is reported from the counts
   read inside the committed transaction.
@@ -465,11 +470,14 @@ def _verdict(key: CacheKey, data: bytes) -> tuple[int, bytes] | bool:
     return (1 if obj["supported"] else 0), str(obj.get("stage", "rule")).encode()
 
 
-def _contexts(conn: sqlite3.Connection) -> dict[int, tuple[str, str]]:
-    """The pack's contexts (id -> device fingerprint, versions key), or :class:`PackError`: why
-    the pack is refused (an id that is not the hash of its device and software stack, a device
-    JSON the validator refuses)."""
+def _contexts(conn: sqlite3.Connection
+              ) -> tuple[dict[int, tuple[str, str]], dict[int, str | None]]:  # fmt: skip
+    """The pack's contexts (id -> device fingerprint, versions key) and their device JSON as the
+    validator cleaned it (what the store keeps), or :class:`PackError`: why the pack is refused
+    (an id that is not the hash of its device and software stack, a device JSON the validator
+    refuses)."""
     good: dict[int, tuple[str, str]] = {}
+    devices: dict[int, str | None] = {}
     where = _qualified(CONTEXT_CHECKS, "c")
     for ctx, fp, vk, device, ok in conn.execute(
             f"SELECT c.ctx, c.device_fp, c.versions_key, c.device, CASE WHEN {where} THEN 1"
@@ -477,12 +485,12 @@ def _contexts(conn: sqlite3.Connection) -> dict[int, tuple[str, str]]:
         if not ok or ctx != ctx_id(fp, vk):
             raise PackError(f"context {str(ctx)[:24]} is not the id of its device and software"
                             " stack")  # fmt: skip
-        if device is not None:
-            checked = validate_flat(json.loads(device), "device")
-            if isinstance(checked, str):
-                raise PackError(f"context {ctx}: {checked}")
+        checked = None if device is None else validate_flat(json.loads(device), "device")
+        if isinstance(checked, str):
+            raise PackError(f"context {ctx}: {checked}")
         good[int(ctx)] = (fp, vk)
-    return good
+        devices[int(ctx)] = None if checked is None else dumps(checked)
+    return good, devices
 
 
 # ---------------------------------------------------------------------------------------- import
@@ -543,11 +551,12 @@ def _quick_check(conn: sqlite3.Connection) -> None:
         raise PackError("integrity check failed: " + "; ".join(found)[:300])
 
 
-def _check_pack(conn: sqlite3.Connection) -> tuple[dict[int, tuple[str, str]], int]:
-    """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts and
-    the row count its meta claims."""
+def _check_pack(conn: sqlite3.Connection
+                ) -> tuple[dict[int, tuple[str, str]], dict[int, str | None], int]:  # fmt: skip
+    """Whole-pack checks on the attached ``pk`` (:class:`PackError` if refused); its contexts,
+    their cleaned device JSON and the row count its meta claims."""
     claimed = _check_schema(conn)  # (first: the contexts are read only from a pack's schema)
-    return _contexts(conn), claimed
+    return (*_contexts(conn), claimed)
 
 
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
@@ -669,7 +678,7 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
     counter = _change_counter(pack)
     try:
         conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
-        ctxs, claimed = _check_pack(conn)
+        ctxs, devices, claimed = _check_pack(conn)
     except (sqlite3.Error, UnicodeDecodeError) as exc:  # the pack, not the store: unreadable...
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
@@ -684,11 +693,11 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
             conn.execute(ddl)
         conn.execute("BEGIN IMMEDIATE")
         before = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
-        conn.execute(
-            "INSERT INTO contexts (ctx, device_fp, versions_key, device) SELECT ctx, device_fp,"
-            " versions_key, device FROM pk.contexts WHERE true ON CONFLICT (ctx) DO UPDATE SET"
-            " device=excluded.device WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
-        )  # fmt: skip
+        conn.executemany(  # the checked contexts, with their device JSON cleaned
+            "INSERT INTO contexts (ctx, device_fp, versions_key, device) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (ctx) DO UPDATE SET device=excluded.device WHERE contexts.device IS NULL"
+            " AND excluded.device IS NOT NULL",
+            [(ctx, fp, vk, devices[ctx]) for ctx, (fp, vk) in ctxs.items()])  # fmt: skip
         if rule == "newer":
             counts = conn.execute(
                 "SELECT sum(m.result = p.result), sum(m.result != p.result) FROM pk.probes p"

@@ -24,6 +24,7 @@ from ..cache.memory import MemoryCache
 from ..cache.rows import CacheRow
 from ..cache.sqlite import ProbeCache
 from ..cache.tiered import default_cache
+from .render import safe_text
 
 Out = Callable[[str], Any]
 Cache = ProbeCache | MemoryCache
@@ -54,6 +55,21 @@ def _is_tty(out: Out, tty: bool | None) -> bool:
     if tty is not None:
         return tty
     return out is print and sys.stdout.isatty()
+
+
+def _table(out: Out, title: str, header: Sequence[str], rows: Sequence[Sequence[str]],
+           **column: Any) -> None:
+    """``rows`` as a rich table on a terminal; every cell is text from the store (maybe from an
+    import), shown as plain text: no markup, no control sequence."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col, **column.get(col, column.get("*", {})))
+    for row in rows:
+        table.add_row(*(escape(safe_text(cell)) for cell in row))
+    _rich(out, table)
 
 
 def _rich(out: Out, renderable: Any) -> None:
@@ -129,17 +145,11 @@ def cmd_stats(out: Out = print, *, as_json: bool = False, tty: bool | None = Non
     rows += [("software stack", vk[:12], str(n))
              for vk, n in sorted(st["by_versions_key"].items(), key=lambda kv: -kv[1])]  # fmt: skip
     if _is_tty(out, tty):
-        from rich.table import Table
-
-        table = Table(title="probe cache")
-        for col in ("group", "name", "value"):
-            table.add_column(col, justify="right" if col == "value" else "left")
-        for row in rows:
-            table.add_row(*row)
-        _rich(out, table)
+        _table(out, "probe cache", ("group", "name", "value"), rows,
+               value={"justify": "right"})  # fmt: skip
     else:
         for group, name, value in rows:
-            out(f"{group:15s} {name:30s} {value}")
+            out(safe_text(f"{group:15s} {name:30s} {value}"))
     return 0
 
 
@@ -164,18 +174,12 @@ def cmd_list(out: Out = print, *, limit: int = 50, backend: str | None = None,
               _verdict(r.result), str(r.result.get("stage", "")), _when(r.created_at),
               _reasons_text(r.result)) for r in rows]  # fmt: skip
     if _is_tty(out, tty):
-        from rich.table import Table
-
-        t = Table(title=f"probe cache: {len(rows)} most recent rows")
-        for col in header:
-            t.add_column(col, overflow="fold")
-        for line in table:
-            t.add_row(*line)
-        _rich(out, t)
+        _table(out, f"probe cache: {len(rows)} most recent rows", header, table,
+               **{"*": {"overflow": "fold"}})  # fmt: skip
     else:
         out("\t".join(header))
         for line in table:
-            out("\t".join(line))
+            out(safe_text("\t".join(line)))
     return 0
 
 
@@ -192,7 +196,9 @@ def _show_result(out: Out, result: Mapping[str, Any], indent: str) -> None:
 
 def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
              cache: Cache | None = None) -> int:  # fmt: skip
-    """Every row of one config, by config key or a prefix of at least 8 hex characters."""
+    """Every row of one config, by config key or a prefix of at least 8 hex characters (text
+    from the store shown with :func:`.render.safe_text`)."""
+    say: Out = lambda text: out(safe_text(text))  # noqa: E731
     prefix = key.strip().lower()
     if len(prefix) < 8 or len(prefix) > 64 or not is_hex64(prefix.ljust(64, "0")):
         _err(out, f"error: {key!r} is not a config key or a prefix of at least 8 hex characters")
@@ -200,31 +206,31 @@ def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
     rows = list(_cache(cache).iter_rows(config_prefix=prefix))
     keys = sorted({r.key.config_key for r in rows})
     if not keys:
-        out(f"no cached rows for config key {prefix}")
+        say(f"no cached rows for config key {prefix}")
         return 1
     if len(keys) > 1:
         _err(out, f"error: prefix {prefix} matches {len(keys)} configs; use more characters:")
         for k in keys[:20]:
-            out(f"  {k}")
+            say(f"  {k}")
         return 2
     config = next((r.config for r in rows if r.config), None)
     check = _config_check(keys[0], config)
     if as_json:
-        out(json.dumps({"config_key": keys[0], "config": config, "config_check": check,
+        say(json.dumps({"config_key": keys[0], "config": config, "config_check": check,
                         "rows": [_row_json(r) for r in rows]}, indent=2))  # fmt: skip
         return 0
-    out(f"config {keys[0]}")
+    say(f"config {keys[0]}")
     if config is not None:
-        out(f"  {json.dumps(config, sort_keys=True)}")
+        say(f"  {json.dumps(config, sort_keys=True)}")
     if check != "ok":
-        out(f"  note: {check}")
+        say(f"  note: {check}")
     for r in rows:
         dev = r.device.get("name") if r.device else None
-        out(
+        say(
             f"row: device {dev or '?'} [{r.key.device_fp[:12]}], software stack "
             f"{r.key.versions_key[:12]}, stored {_when(r.created_at)} by {r.package_version}"
         )
-        _show_result(out, r.result, "  ")
+        _show_result(say, r.result, "  ")
     return 0
 
 

@@ -312,6 +312,19 @@ def test_a_damaged_pack_met_before_its_checks_is_refused_not_raised(packed, tmp_
     assert len(fresh) == 1 and fresh.check_integrity() is None
 
 
+def test_a_device_name_with_control_characters_is_stored_as_the_validator_cleans_it(
+        packed, tmp_path):  # fmt: skip
+    _, path = packed
+    _edit(path, "UPDATE contexts SET device = ?",
+          params=('{"name":"h100\\u001b]0;pwned\\u0007","sm":90}',))  # fmt: skip
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    assert transfer.import_(fresh, path).imported == 40
+    stored = fresh.run(lambda c: c.execute("SELECT device FROM contexts").fetchall(),
+                       write=False, miss=None)  # fmt: skip
+    assert [json.loads(d) for (d,) in stored] == [{"name": "h100\ufffd]0;pwned\ufffd", "sm": 90}]
+    assert {r.device["name"] for r in fresh.iter_rows()} == {"h100\ufffd]0;pwned\ufffd"}
+
+
 def test_not_sqlite_and_fifos_are_not_packs(tmp_path):
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     (tmp_path / "noise").write_bytes(b"SQLite format 3\x00" + os.urandom(200))

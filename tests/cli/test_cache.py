@@ -100,6 +100,32 @@ def test_show(filled):
     assert cmd.cmd_show(cfg.key()[:8], out, cache=store) == 2 and "matches 3 configs" in out[0]
 
 
+#: A device name a hostile or damaged store could hold: an OSC title, BEL, a colour, rich markup.
+_HOSTILE_NAME = "\x1b]0;pwned\x07\x1b[31m[bold]x[/bold]"
+
+
+def test_stats_list_and_show_print_no_stored_control_sequence(filled, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # rich tables wide enough that no cell is folded
+    store, cfg = filled
+    store.run(lambda c: c.execute("UPDATE contexts SET device = ?",  # behind the checks' back
+                                  (json.dumps({"name": _HOSTILE_NAME}),)),
+              write=True, miss=None)  # fmt: skip
+    shown = []
+    for call in (lambda o: cmd.cmd_stats(o, cache=store), lambda o: cmd.cmd_list(o, cache=store),
+                 lambda o: cmd.cmd_show(cfg.key(), o, cache=store),
+                 lambda o: cmd.cmd_stats(o, tty=True, cache=store),
+                 lambda o: cmd.cmd_list(o, tty=True, cache=store)):  # fmt: skip
+        out = Out()
+        assert call(out) == 0
+        shown.append(out.text)
+    for text in shown[:3]:  # plain text: no control character at all
+        assert "\x1b" not in text and "\x07" not in text
+        assert "\\x1b]0;pwned\\x07" in text  # shown, escaped
+    for text in shown[3:]:  # rich tables (their own colours): the name escaped, markup literal
+        assert "\x07" not in text and "\x1b]0" not in text and "\\x1b]0;pwned" in text
+        assert "[bold]x[/bold]" in text  # printed, not taken as markup
+
+
 def test_export_import_merge(filled, tmp_path):
     store, _ = filled
     out = Out()
