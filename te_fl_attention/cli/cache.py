@@ -43,18 +43,38 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+class _Safe:
+    """``out`` for lines that carry text from outside (stored rows, a pack's refusal, file
+    names): each passes :func:`.render.safe_text`, so no control sequence reaches the terminal
+    raw. :func:`_rich` writes its tables (escaped cell by cell) through ``raw``."""
+
+    def __init__(self, raw: Out) -> None:
+        self.raw = raw
+
+    def __call__(self, text: str) -> Any:
+        return self.raw(safe_text(text))
+
+
+def _safe(out: Out) -> _Safe:
+    return out if isinstance(out, _Safe) else _Safe(out)
+
+
+def _raw(out: Out) -> Out:
+    return out.raw if isinstance(out, _Safe) else out
+
+
 def _err(out: Out, text: str) -> None:
     """An error line: to stderr when printing (stdout stays the command's output)."""
-    if out is print:
-        print(text, file=sys.stderr)
+    if _raw(out) is print:
+        print(safe_text(text), file=sys.stderr)
     else:
-        out(text)
+        _safe(out)(text)
 
 
 def _is_tty(out: Out, tty: bool | None) -> bool:
     if tty is not None:
         return tty
-    return out is print and sys.stdout.isatty()
+    return _raw(out) is print and sys.stdout.isatty()
 
 
 def _table(out: Out, title: str, header: Sequence[str], rows: Sequence[Sequence[str]],
@@ -79,7 +99,7 @@ def _rich(out: Out, renderable: Any) -> None:
     Console(file=buf, force_terminal=True, width=shutil.get_terminal_size().columns).print(
         renderable
     )
-    out(buf.getvalue().rstrip("\n"))
+    _raw(out)(buf.getvalue().rstrip("\n"))
 
 
 def _when(ts: float) -> str:
@@ -118,6 +138,7 @@ def _cache(cache: Cache | None) -> Cache:
 # -------------------------------------------------------------------------------------- commands
 def cmd_path(out: Out = print, *, cache: Cache | None = None) -> int:
     """Print the cache file's path (``off`` when persistence is disabled)."""
+    out = _safe(out)
     c = _cache(cache)
     out("off (TE_FL_ATTN_CACHE=off: results are kept in memory only)"
         if isinstance(c, MemoryCache) else str(c.path))  # fmt: skip
@@ -127,6 +148,7 @@ def cmd_path(out: Out = print, *, cache: Cache | None = None) -> int:
 def cmd_stats(out: Out = print, *, as_json: bool = False, tty: bool | None = None,
               cache: Cache | None = None) -> int:  # fmt: skip
     """Counts by backend, device, software stack and verdict."""
+    out = _safe(out)
     st = _cache(cache).stats()
     if as_json:
         out(json.dumps(st, indent=2, sort_keys=True))
@@ -149,7 +171,7 @@ def cmd_stats(out: Out = print, *, as_json: bool = False, tty: bool | None = Non
                value={"justify": "right"})  # fmt: skip
     else:
         for group, name, value in rows:
-            out(safe_text(f"{group:15s} {name:30s} {value}"))
+            out(f"{group:15s} {name:30s} {value}")
     return 0
 
 
@@ -163,6 +185,7 @@ def cmd_list(out: Out = print, *, limit: int = 50, backend: str | None = None,
              as_json: bool = False, tty: bool | None = None,
              cache: Cache | None = None) -> int:  # fmt: skip
     """The most recent rows (``limit`` 0: all), newest first."""
+    out = _safe(out)
     rows = _cache(cache).recent(limit, backend=backend)
     if as_json:
         out(json.dumps([_row_json(r) for r in rows], indent=2))
@@ -179,7 +202,7 @@ def cmd_list(out: Out = print, *, limit: int = 50, backend: str | None = None,
     else:
         out("\t".join(header))
         for line in table:
-            out(safe_text("\t".join(line)))
+            out("\t".join(line))
     return 0
 
 
@@ -196,9 +219,8 @@ def _show_result(out: Out, result: Mapping[str, Any], indent: str) -> None:
 
 def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
              cache: Cache | None = None) -> int:  # fmt: skip
-    """Every row of one config, by config key or a prefix of at least 8 hex characters (text
-    from the store shown with :func:`.render.safe_text`)."""
-    say: Out = lambda text: out(safe_text(text))  # noqa: E731
+    """Every row of one config, by config key or a prefix of at least 8 hex characters."""
+    out = _safe(out)
     prefix = key.strip().lower()
     if len(prefix) < 8 or len(prefix) > 64 or not is_hex64(prefix.ljust(64, "0")):
         _err(out, f"error: {key!r} is not a config key or a prefix of at least 8 hex characters")
@@ -206,31 +228,31 @@ def cmd_show(key: str, out: Out = print, *, as_json: bool = False,
     rows = list(_cache(cache).iter_rows(config_prefix=prefix))
     keys = sorted({r.key.config_key for r in rows})
     if not keys:
-        say(f"no cached rows for config key {prefix}")
+        out(f"no cached rows for config key {prefix}")
         return 1
     if len(keys) > 1:
         _err(out, f"error: prefix {prefix} matches {len(keys)} configs; use more characters:")
         for k in keys[:20]:
-            say(f"  {k}")
+            out(f"  {k}")
         return 2
     config = next((r.config for r in rows if r.config), None)
     check = _config_check(keys[0], config)
     if as_json:
-        say(json.dumps({"config_key": keys[0], "config": config, "config_check": check,
+        out(json.dumps({"config_key": keys[0], "config": config, "config_check": check,
                         "rows": [_row_json(r) for r in rows]}, indent=2))  # fmt: skip
         return 0
-    say(f"config {keys[0]}")
+    out(f"config {keys[0]}")
     if config is not None:
-        say(f"  {json.dumps(config, sort_keys=True)}")
+        out(f"  {json.dumps(config, sort_keys=True)}")
     if check != "ok":
-        say(f"  note: {check}")
+        out(f"  note: {check}")
     for r in rows:
         dev = r.device.get("name") if r.device else None
-        say(
+        out(
             f"row: device {dev or '?'} [{r.key.device_fp[:12]}], software stack "
             f"{r.key.versions_key[:12]}, stored {_when(r.created_at)} by {r.package_version}"
         )
-        _show_result(say, r.result, "  ")
+        _show_result(out, r.result, "  ")
     return 0
 
 
@@ -251,6 +273,7 @@ def cmd_export(file: str, out: Out = print, *, device_fp: str | None = None,
                fmt: str = "jsonl", cache: Cache | None = None) -> int:  # fmt: skip
     """Write the cache (or one device's rows) as JSON Lines, or (``fmt="sqlite"``) as an SQLite
     pack, a new file (an existing one is refused)."""
+    out = _safe(out)
     from ..cache.pack import export_pack
     from ..cache.transfer import export
 
@@ -285,6 +308,7 @@ def _report_rejections(out: Out, rejected: Sequence[tuple[Any, ...]]) -> None:
 def cmd_import(file: str, out: Out = print, *, as_json: bool = False,
                cache: Cache | None = None) -> int:  # fmt: skip
     """Import an export, a pack (or another store file); never overwrites stored rows."""
+    out = _safe(out)
     from ..cache.pack import PackError
     from ..cache.transfer import import_
 
@@ -335,6 +359,7 @@ def _not_writable(cache: Any, *, check: bool = True) -> str | None:
 
 def cmd_merge(a: str, b: str, output: str, out: Out = print, *, as_json: bool = False) -> int:
     """Merge two exports/stores into a new store (or ``.jsonl``); newer wins on conflict."""
+    out = _safe(out)
     from ..cache.transfer import merge
 
     try:
@@ -368,6 +393,7 @@ def cmd_prune(out: Out = print, *, older_than: float | None = None,
     ``not_version``: a versions key, or ``current``: the keys this installation writes now for
     the local machine and for every catalog profile (as defined now).
     """
+    out = _safe(out)
     if older_than is None and not_version is None:
         _err(out, "error: give --older-than DURATION and/or --not-version current|KEY")
         return 2
@@ -396,6 +422,7 @@ def cmd_prune(out: Out = print, *, older_than: float | None = None,
 
 def cmd_clear(out: Out = print, *, yes: bool = False, cache: Cache | None = None) -> int:
     """Delete every row (needs ``yes``)."""
+    out = _safe(out)
     c = _cache(cache)
     if not yes:
         out(f"refusing to clear {len(c)} rows without --yes")

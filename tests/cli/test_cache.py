@@ -126,6 +126,27 @@ def test_stats_list_and_show_print_no_stored_control_sequence(filled, monkeypatc
         assert "[bold]x[/bold]" in text  # printed, not taken as markup
 
 
+def test_refusals_and_file_names_are_printed_escaped(filled, tmp_path, capsys):
+    import sqlite3
+
+    store, _ = filled
+    path = tmp_path / "rows.pack"
+    assert cmd.cmd_export(str(path), Out(), fmt="sqlite") == 0
+    conn = sqlite3.connect(path)
+    conn.execute(f'CREATE TABLE "x{_HOSTILE_NAME}" (a)')  # a name the refusal quotes
+    conn.commit()
+    conn.close()
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    out = Out()
+    assert cmd.cmd_import(str(path), out, cache=fresh) == 1
+    assert "unexpected schema objects: table x\\x1b]0;pwned\\x07" in out.text
+    assert "\x1b" not in out.text and "\x07" not in out.text
+    missing = str(tmp_path / "a\x1b[31mb")
+    assert cmd.cmd_import(missing, print, cache=fresh) == 1  # to stderr
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "a\\x1b[31mb" in err and "\x1b" not in err
+
+
 def test_export_import_merge(filled, tmp_path):
     store, _ = filled
     out = Out()
