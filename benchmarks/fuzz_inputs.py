@@ -1,7 +1,7 @@
 """Fuzz every boundary where input comes in from outside: argv, environment, config files,
 imported cache rows and Redis values.
 
-Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from six kinds:
+Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from seven kinds:
 
 * ``argv``: ``te-fl-attn`` command lines from the CLI's grammar (``explain``, ``device``,
   ``matrix``, ``cache``), each flag given a well-formed or a malformed value (huge or negative
@@ -20,7 +20,8 @@ Cases are drawn by hypothesis (``--cases N``, seeded: ``--seed``) from six kinds
   as a hostile writer would (CHECK constraints off, each row's columns kept in step with its
   mutated result and its checksum recomputed, so every row reaches the validator), then up to
   three runs of up to 64 bytes of the file overwritten; merged with the first store into a new
-  file, imported into a fresh store, then ``explain``.
+  file, imported into a fresh store, then ``explain``;
+* ``store``: the same, on a copy of another store's file (imported and merged as a store).
 
 Every case runs the CLI in this process (stdout/stderr captured, a 30 s alarm) and is judged:
 
@@ -261,14 +262,14 @@ def rows_case(draw: Any, kind: str) -> Case:
     which = draw(st.sampled_from(["fused", "flash", "triton", "all"]))
     muts = [{**m, "backend": which} for m in muts]
     flips = draw(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255), st.integers(1, 64)),
-                          max_size=3) if kind == "pack" else st.just([]))  # fmt: skip
+                          max_size=3) if kind in ("pack", "store") else st.just([]))  # fmt: skip
     return Case(kind, ["explain", *flags, "--device", dev, "--json"], mutations=muts,
                 flips=flips)  # fmt: skip
 
 
 def cases() -> st.SearchStrategy[Case]:
     return st.one_of(argv_case(), env_case(), config_case(), rows_case("import"),
-                     rows_case("redis"), rows_case("pack"))  # fmt: skip
+                     rows_case("redis"), rows_case("pack"), rows_case("store"))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ running
@@ -414,7 +415,7 @@ def execute(case: Case, redis: Redis | None = None) -> dict[str, Any]:
         for name, text in case.files.items():
             (work / name).write_text(text, encoding="utf-8", errors="surrogatepass")
         env = dict(case.env)
-        if case.kind in ("import", "redis", "pack"):
+        if case.kind in ("import", "redis", "pack", "store"):
             return _execute_rows(case, work, env, redis)
         out = run_cli(case.argv, env, work)
         return judge(case, out)
@@ -451,20 +452,23 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
         verdict = judge(Case("import", ["cache", "import"]), imported)
         if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
             return verdict
-    elif case.kind == "pack":
-        exported = run_cli(["cache", "export", "--format", "sqlite", str(work / "rows.pack")],
-                           first, work)  # fmt: skip
-        if exported.error or exported.hang:
-            return judge(case, exported)
-        _corrupt_pack(work / "rows.pack", case.mutations, case.flips)
-        merge = ["cache", "merge", "-o", str(work / "merged.sqlite"), str(work / "rows.pack"),
+    elif case.kind in ("pack", "store"):
+        source = work / ("rows.pack" if case.kind == "pack" else "rows.sqlite")
+        if case.kind == "pack":
+            exported = run_cli(["cache", "export", "--format", "sqlite", str(source)], first, work)
+            if exported.error or exported.hang:
+                return judge(case, exported)
+        else:  # another store's file, its WAL folded in (the two share the tables)
+            _fold_copy(work / "a.sqlite", source)
+        _corrupt_pack(source, case.mutations, case.flips)
+        merge = ["cache", "merge", "-o", str(work / "merged.sqlite"), str(source),
                  str(work / "a.sqlite")]  # fmt: skip
         merged = run_cli(merge, second, work)
-        verdict = judge(Case("pack", ["cache", "merge"]), merged)
+        verdict = judge(Case(case.kind, ["cache", "merge"]), merged)
         if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
             return verdict
-        imported = run_cli(["cache", "import", str(work / "rows.pack")], second, work)
-        verdict = judge(Case("pack", ["cache", "import"]), imported)
+        imported = run_cli(["cache", "import", str(source)], second, work)
+        verdict = judge(Case(case.kind, ["cache", "import"]), imported)
         if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
             return verdict
     else:
@@ -478,7 +482,7 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
                 _mutate(row, m)
             redis.client.set(key, _dump(row["result"]))
         second["TE_FL_ATTN_REMOTE_CACHE"] = redis.url
-    if case.kind in ("import", "pack"):  # what the import stored, shown as text
+    if case.kind in ("import", "pack", "store"):  # what the import stored, shown as text
         for argv in (["cache", "list"], ["cache", "stats"]):
             shown = run_cli(argv, second, work)
             verdict = judge(Case(case.kind, argv), shown)
@@ -513,9 +517,23 @@ def _sql_value(value: Any) -> Any:
     return value
 
 
+def _fold_copy(store: Path, out: Path) -> None:
+    """Copy a store's file with its WAL folded in (SQLite's backup: one consistent file)."""
+    import sqlite3
+
+    src = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    dst = sqlite3.connect(out)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
 def _corrupt_pack(path: Path, mutations: list[dict[str, Any]],
                   flips: list[tuple[float, int, int]]) -> None:  # fmt: skip
-    """Apply ``mutations`` to every row of a real pack and overwrite the runs of ``flips``."""
+    """Apply ``mutations`` to every row of a real pack (or store: the same tables) and overwrite
+    the runs of ``flips``."""
     import sqlite3
 
     from te_fl_attention.cache.keys import CacheKey

@@ -1,7 +1,7 @@
 """The input fuzzer (``benchmarks/fuzz_inputs.py``), bounded: argv, environment, ``--config``
-files, imported rows, Redis values (a real ``redis-server`` on 127.0.0.1) and SQLite packs never
-end in a traceback, a hang, an exit outside the contract, accepted malformed input, or a cached
-row that makes a backend chosen which the local rules refuse."""
+files, imported rows, Redis values (a real ``redis-server`` on 127.0.0.1), SQLite packs and store
+files never end in a traceback, a hang, an exit outside the contract, accepted malformed input,
+or a cached row that makes a backend chosen which the local rules refuse."""
 
 from __future__ import annotations
 
@@ -25,14 +25,15 @@ def redis():
     server.close()
 
 
-@pytest.mark.parametrize("kind", ["argv", "env", "config", "import", "redis", "pack"])
+@pytest.mark.parametrize("kind", ["argv", "env", "config", "import", "redis", "pack", "store"])
 def test_fuzzed_inputs_hold_every_boundary(kind, request, tmp_path, monkeypatch):
     redis = request.getfixturevalue("redis") if kind == "redis" else None
     monkeypatch.setenv("TE_FL_ATTN_DESCRIPTORS", str(tmp_path / "descriptors"))
     strategy = {"argv": fuzz_inputs.argv_case(), "env": fuzz_inputs.env_case(),
                 "config": fuzz_inputs.config_case(), "import": fuzz_inputs.rows_case("import"),
                 "redis": fuzz_inputs.rows_case("redis"),
-                "pack": fuzz_inputs.rows_case("pack")}[kind]  # fmt: skip
+                "pack": fuzz_inputs.rows_case("pack"),
+                "store": fuzz_inputs.rows_case("store")}[kind]  # fmt: skip
     failures = []
 
     @settings(max_examples=12, deadline=None, database=None,
