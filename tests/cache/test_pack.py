@@ -325,6 +325,26 @@ def test_a_device_name_with_control_characters_is_stored_as_the_validator_cleans
     assert {r.device["name"] for r in fresh.iter_rows()} == {"h100\ufffd]0;pwned\ufffd"}
 
 
+def test_damage_in_the_store_is_the_stores_problem_not_the_packs(packed, tmp_path):
+    # the pack passes its quick_check, the store fails its own: the import reports that the
+    # store could not be written (nothing was), not a refusal of a good pack
+    _, path = packed
+    target = ProbeCache(tmp_path / "damaged.sqlite")
+    target.put_many([(key(i, b), result(i, b)) for i in range(1000, 1600)
+                     for b in ("fused", "flash")])  # fmt: skip
+    target.checkpoint()
+    target.close()
+    data = bytearray((tmp_path / "damaged.sqlite").read_bytes())
+    size = int.from_bytes(data[16:18], "big")
+    page = len(data) // size // 2 * size  # a leaf of the probes table
+    data[page + 8 : page + size] = random.Random(0).randbytes(size - 8)
+    (tmp_path / "damaged.sqlite").write_bytes(bytes(data))
+    target = ProbeCache(tmp_path / "damaged.sqlite")
+    report = transfer.import_(target, path)
+    assert report.imported == 0 and report.not_written == 40
+    assert "malformed" in report.problem
+
+
 def test_not_sqlite_and_fifos_are_not_packs(tmp_path):
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     (tmp_path / "noise").write_bytes(b"SQLite format 3\x00" + os.urandom(200))
