@@ -482,16 +482,6 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
                 _mutate(row, m)
             redis.client.set(key, _dump(row["result"]))
         second["TE_FL_ATTN_REMOTE_CACHE"] = redis.url
-    if case.kind in ("import", "pack", "store"):  # what the import stored, shown as text
-        for argv in (["cache", "list"], ["cache", "stats"]):
-            shown = run_cli(argv, second, work)
-            verdict = judge(Case(case.kind, argv), shown)
-            if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
-                return verdict
-            if _RAW_CONTROL.search(shown.stdout + shown.stderr):
-                verdict["wrong_exit"] = 1
-                verdict["why"] = f"{' '.join(argv)} printed a raw control character"
-                return verdict
     out = run_cli(case.argv, second, work)
     verdict = judge(case, out)
     if out.rc in (0, 3) and not verdict["wrong_exit"]:
@@ -500,6 +490,17 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
         if why is not None:
             verdict["widened"] = 1
             verdict["why"] = f"chose {chosen}, which the local rules refuse ({why})"
+    if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit", "widened")):
+        return verdict
+    for argv in (["cache", "list"], ["cache", "stats"]):  # what was stored, shown as text
+        shown = run_cli(argv, second, work)
+        verdict = judge(Case(case.kind, argv), shown)
+        if not any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")) and \
+                _RAW_CONTROL.search(shown.stdout + shown.stderr):  # fmt: skip
+            verdict["wrong_exit"] = 1
+            verdict["why"] = f"{' '.join(argv)} printed a raw control character"
+        if any(verdict[k] for k in ("tracebacks", "hangs", "wrong_exit")):
+            return verdict
     return verdict
 
 
