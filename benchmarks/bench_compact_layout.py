@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cache_scale import _bare_copy, _rows  # noqa: E402
+from bench_cache_scale import _bare_copy, _rows, timed_copy  # noqa: E402
 
 from te_fl_attention.cache import ProbeCache  # noqa: E402
 from te_fl_attention.cache import pack as P  # noqa: E402
@@ -44,7 +44,7 @@ from te_fl_attention.cache._lifecycle import PAGE_SIZE  # noqa: E402
 from te_fl_attention.cache.keys import CacheKey  # noqa: E402
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 
-_VALUE = re.compile(rb'"elapsed_ms":((?:0|[1-9][0-9]{0,8})(?:\.[0-9]{1,20})?)(?=[,}])')
+_PREFIX = len(b'"elapsed_ms":')
 HOLES = ("e1", "e2", "e3")
 COMPACT_SCHEMA = (
     "CREATE TABLE templates (rid INTEGER PRIMARY KEY, backend TEXT NOT NULL, template TEXT NOT"
@@ -57,6 +57,11 @@ COMPACT_SCHEMA = (
     " NOT NULL, package_version TEXT NOT NULL, crc INTEGER NOT NULL, rid INTEGER, e1 REAL,"
     " e2 REAL, e3 REAL, result TEXT, PRIMARY KEY (config_key, backend, ctx)) WITHOUT ROWID",
 )
+
+
+def _values(data: bytes) -> list[str]:
+    """The ``elapsed_ms`` values the import's verdict cache masks in a result's text, in order."""
+    return [m[0][_PREFIX:].decode() for m in P._ELAPSED.finditer(data)]
 
 
 def _expand(template: bytes, values: list[str]) -> bytes:
@@ -79,13 +84,13 @@ def _compact(pack: Path, out: Path) -> tuple[int, int]:
     rows, full = [], 0
     for *head, result in src.execute("SELECT * FROM probes ORDER BY config_key, backend, ctx"):
         data = result.encode()
-        values = [v.decode() for v in _VALUE.findall(data)]
+        values = _values(data)
         top_ok = values and float(values[0]) == head[5]
         if not top_ok or len(values) > 1 + len(HOLES) or any(repr(float(v)) != v for v in values):
             rows.append((*head, None, None, None, None, result))  # kept in full
             full += 1
             continue
-        masked = _VALUE.sub(b'"elapsed_ms":0', data)
+        masked = P._ELAPSED.sub(b'"elapsed_ms":0', data)
         if _expand(masked, values) != data:  # the layout must give back every byte
             raise SystemExit(f"row {head[:2]} does not round-trip")
         rid = templates.setdefault((head[1], masked), len(templates) + 1)
@@ -121,16 +126,9 @@ def _compact_copy(pack: Path, path: Path) -> float:
         conn.execute("PRAGMA journal_mode=WAL")
         for ddl in COMPACT_SCHEMA:
             conn.execute(ddl)
-        conn.execute("PRAGMA cache_size=-65536")
-        conn.execute("ATTACH ? AS pk", (str(pack),))
-        t0 = time.perf_counter()
-        conn.execute("BEGIN IMMEDIATE")
-        for table in ("templates", "contexts", "probes", "configs"):
-            conn.execute(f"INSERT INTO main.{table} SELECT * FROM pk.{table}")
-        conn.execute("COMMIT")
-        return time.perf_counter() - t0
     finally:
         conn.close()
+    return timed_copy(pack, path, ("templates", "contexts", "probes", "configs"))
 
 
 def _current_checks(pack: Path) -> float:
@@ -140,8 +138,7 @@ def _current_checks(pack: Path) -> float:
     ctxs, _, _ = P._check_pack(conn)
     reader = P._connect_pack(pack)
     check = P._Pass()
-    sql_ok = (f"({P._qualified(P.ROW_WHERE, 'p')}) AND p.created_at <= {time.time() + 600!r}"
-              f" AND p.ctx IN ({','.join(map(str, ctxs))})")  # fmt: skip
+    sql_ok = P._rows_where(ctxs)
     t0 = time.perf_counter()
     check.configs(reader.execute(P._VERIFY_CONFIGS.format(ok=P._qualified(P.CONFIG_WHERE, "g"))))
     check.rows(reader.execute(P._VERIFY_ROWS.format(ok=sql_ok)), ctxs, lambda *a: None)
@@ -161,8 +158,9 @@ def _compact_checks(pack: Path) -> float:
     holes = " AND ".join(f"(p.{e} IS NULL OR (typeof(p.{e}) = 'real' AND p.{e} BETWEEN 0 AND"
                          f" {P.MAX_ELAPSED_MS:.0f}))" for e in HOLES)  # fmt: skip
     row_sql = {k: v for k, v in P.ROW_WHERE.items() if k != "result"}
+    latest = time.time() + P.MAX_CLOCK_SKEW_S
     ok = (
-        f"{P._qualified(row_sql, 'p')} AND {holes} AND p.created_at <= {time.time() + 600!r}"
+        f"{P._qualified(row_sql, 'p')} AND {holes} AND p.created_at <= {latest!r}"
         " AND (p.rid IN (SELECT rid FROM templates) OR (p.rid IS NULL AND p.result IS NOT NULL))"
     )
     t0 = time.perf_counter()

@@ -460,7 +460,7 @@ def _execute_rows(case: Case, work: Path, env: dict[str, str], redis: Redis | No
                 return judge(case, exported)
         else:  # another store's file, its WAL folded in (the two share the tables)
             _fold_copy(work / "a.sqlite", source)
-        _corrupt_pack(source, case.mutations, case.flips)
+        _corrupt_rows(source, case.mutations, case.flips)
         merge = ["cache", "merge", "-o", str(work / "merged.sqlite"), str(source),
                  str(work / "a.sqlite")]  # fmt: skip
         merged = run_cli(merge, second, work)
@@ -531,7 +531,7 @@ def _fold_copy(store: Path, out: Path) -> None:
         src.close()
 
 
-def _corrupt_pack(path: Path, mutations: list[dict[str, Any]],
+def _corrupt_rows(path: Path, mutations: list[dict[str, Any]],
                   flips: list[tuple[float, int, int]]) -> None:  # fmt: skip
     """Apply ``mutations`` to every row of a real pack (or store: the same tables) and overwrite
     the runs of ``flips``."""

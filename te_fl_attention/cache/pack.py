@@ -560,6 +560,17 @@ def _check_pack(conn: sqlite3.Connection
 
 
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
+#: What reading a pack can raise: SQLite's errors, and :class:`UnicodeDecodeError` where SQLite's
+#: message quotes schema text that is not UTF-8 (Python's sqlite3 cannot decode it).
+_READ_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
+
+def _rows_where(contexts: Any) -> str:
+    """The per-row SQL condition of the checking scan (:data:`ROW_WHERE`, a ``created_at`` no
+    later than now plus the allowed skew, a context among the checked ``contexts``' ids)."""
+    max_created = time.time() + MAX_CLOCK_SKEW_S
+    return (f"({_qualified(ROW_WHERE, 'p')}) AND p.created_at <= {max_created!r}"
+            f" AND p.ctx IN ({','.join(map(str, contexts)) or 'NULL'})")  # fmt: skip
 #: Rows per range of the pipelined copy (a range ends where a config begins).
 CHUNK_ROWS = 8192
 #: The checking scan (key order: the primary key, no sort) and the copier's range copy. The
@@ -679,16 +690,14 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
     try:
         conn.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
         ctxs, devices, claimed = _check_pack(conn)
-    except (sqlite3.Error, UnicodeDecodeError) as exc:  # the pack, not the store: unreadable...
+    except _READ_ERRORS as exc:  # the pack, not the store: unreadable, not SQLite...
         with contextlib.suppress(sqlite3.Error):
             conn.execute("DETACH pk")
         raise PackError(f"cannot read the pack: {_sqlite_problem(exc)}") from None
     reader = _connect_pack(pack)
     copier: _Copier | None = None
     try:
-        max_created = time.time() + MAX_CLOCK_SKEW_S
-        sql_ok = (f"({_qualified(ROW_WHERE, 'p')}) AND p.created_at <= {max_created!r}"
-                  f" AND p.ctx IN ({','.join(map(str, ctxs)) or 'NULL'})")  # fmt: skip
+        sql_ok = _rows_where(ctxs)
         for ddl in _SKIP_DDL:  # (the connection is this import's own: new tables)
             conn.execute(ddl)
         conn.execute("BEGIN IMMEDIATE")
@@ -714,7 +723,7 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
             check.rows(reader.execute(_VERIFY_ROWS.format(ok=sql_ok)), ctxs, copier.emit)
             if check.seen != claimed:  # the scan read every row
                 raise PackError(f"the pack holds {check.seen} rows, its meta says {claimed}")
-        except (sqlite3.DatabaseError, UnicodeDecodeError, PackError) as exc:  # its own reads
+        except (sqlite3.DatabaseError, UnicodeDecodeError, PackError) as exc:  # checks' reads
             refused = copier.refusal()  # a damaged file: the integrity check says so first
             if refused is not None:
                 raise refused from None
@@ -735,7 +744,7 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str) -> PackResult:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        if isinstance(exc, _READ_ERRORS) and not isinstance(exc, sqlite3.OperationalError):
             _whose_damage(conn, pack, exc)  # (a full disk, a lock, a read-only store: the store's)
         raise
     finally:
@@ -840,7 +849,7 @@ def import_pack(cache: Any, path: str | os.PathLike[str]) -> ImportReport:
     return report
 
 
-def _whose_damage(conn: sqlite3.Connection, pack: Path, exc: sqlite3.DatabaseError) -> None:
+def _whose_damage(conn: sqlite3.Connection, pack: Path, exc: Exception) -> None:
     """Damage met by a statement that reads the pack and writes the store: the pack's refusal
     (:class:`PackError`) unless the pack passes ``quick_check`` and the store fails its own, in
     which case the caller re-raises ``exc`` (the store's problem)."""
@@ -848,9 +857,7 @@ def _whose_damage(conn: sqlite3.Connection, pack: Path, exc: sqlite3.DatabaseErr
     try:
         check.execute("ATTACH ? AS pk", (f"file:{quote(str(pack))}?mode=ro",))
         _quick_check(check)
-    except PackError:
-        raise
-    except (sqlite3.Error, UnicodeDecodeError) as bad:
+    except _READ_ERRORS as bad:
         raise PackError(f"cannot read the pack: {_sqlite_problem(bad)}") from None
     finally:
         check.close()
@@ -859,7 +866,7 @@ def _whose_damage(conn: sqlite3.Connection, pack: Path, exc: sqlite3.DatabaseErr
     except sqlite3.Error:
         store_ok = False
     if store_ok:
-        raise PackError(f"cannot read the pack: {exc}") from None
+        raise PackError(f"cannot read the pack: {_sqlite_problem(exc)}") from None
 
 
 def _sqlite_problem(exc: Exception) -> str:
@@ -880,7 +887,7 @@ def _rows_in(path: str | os.PathLike[str]) -> int:
         finally:
             conn.close()
         return int(value[0]) if value and str(value[0]).isdigit() else 0
-    except (sqlite3.Error, UnicodeDecodeError):
+    except _READ_ERRORS:
         return 0
 
 

@@ -24,7 +24,7 @@ from ..cache.memory import MemoryCache
 from ..cache.rows import CacheRow
 from ..cache.sqlite import ProbeCache
 from ..cache.tiered import default_cache
-from .render import safe_text
+from .render import safe_markup, safe_text
 
 Out = Callable[[str], Any]
 Cache = ProbeCache | MemoryCache
@@ -81,14 +81,13 @@ def _table(out: Out, title: str, header: Sequence[str], rows: Sequence[Sequence[
            **column: Any) -> None:
     """``rows`` as a rich table on a terminal; every cell is text from the store (maybe from an
     import), shown as plain text: no markup, no control sequence."""
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for col in header:
         table.add_column(col, **column.get(col, column.get("*", {})))
     for row in rows:
-        table.add_row(*(escape(safe_text(cell)) for cell in row))
+        table.add_row(*map(safe_markup, row))
     _rich(out, table)
 
 

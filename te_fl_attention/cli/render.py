@@ -27,6 +27,13 @@ def safe_text(text: Any) -> str:
                        .decode("ascii"), text)  # fmt: skip
 
 
+def safe_markup(text: Any) -> str:
+    """:func:`safe_text` for a rich cell or line: shown as it is, never taken as markup."""
+    from rich.markup import escape
+
+    return escape(safe_text(text))
+
+
 def strict_json(value: Any) -> Any:
     """``value`` as strict JSON data: non-finite floats become ``None``, lone surrogates in
     strings (keys too) become U+FFFD, tuples lists."""
@@ -213,8 +220,7 @@ def render(decision: Decision, file: TextIO | None = None, width: int | None = N
     from rich.markup import escape as _escape
     from rich.table import Table
 
-    def escape(text: Any) -> str:
-        return _escape(safe_text(text))
+    escape = safe_markup
 
     out = file if file is not None else sys.stdout
     if width is None and not out.isatty():
