@@ -14,7 +14,10 @@ an import of it needs (current: the real import's check pass; compact: SQL colum
 key's digits and a checksum per row in Python, the validator once per template, the config byte
 tests on the compact configs). ``bound_per_s`` is what an import could reach on two cores with
 the copy and the checks overlapped perfectly: rows / max(checks, copy, their sum / 2).
-``compact_vs_current`` sets the two bounds side by side. Prints one line.
+``compact_vs_current`` sets the two bounds side by side. Then a prototype import of the compact
+pack (:func:`_compact_import`: the shipped import's pipeline and copier thread with the checks a
+built one would need) is timed against the shipped import of the current pack, alternated
+``--rounds`` times: ``compact_import_per_s`` and ``import_pack_per_s`` (medians). Prints one line.
 
     python benchmarks/bench_compact_layout.py --n 200000
 """
@@ -26,12 +29,14 @@ import json
 import os
 import re
 import sqlite3
+import statistics
 import struct
 import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,14 +46,15 @@ from bench_cache_scale import _bare_copy, _rows, timed_copy  # noqa: E402
 from te_fl_attention.cache import ProbeCache  # noqa: E402
 from te_fl_attention.cache import pack as P  # noqa: E402
 from te_fl_attention.cache._lifecycle import PAGE_SIZE  # noqa: E402
-from te_fl_attention.cache.keys import CacheKey  # noqa: E402
+from te_fl_attention.cache.keys import CacheKey, known_backends  # noqa: E402
+from te_fl_attention.cache.rows import crc_head, crc_tail  # noqa: E402
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 
 _PREFIX = len(b'"elapsed_ms":')
 HOLES = ("e1", "e2", "e3")
 COMPACT_SCHEMA = (
-    "CREATE TABLE templates (rid INTEGER PRIMARY KEY, backend TEXT NOT NULL, template TEXT NOT"
-    " NULL)",
+    "CREATE TABLE templates (rid INTEGER PRIMARY KEY, backend TEXT NOT NULL, supported INTEGER NOT"
+    " NULL, stage TEXT NOT NULL, template TEXT NOT NULL)",
     "CREATE TABLE contexts (ctx INTEGER PRIMARY KEY, device_fp TEXT NOT NULL, versions_key TEXT"
     " NOT NULL, device TEXT)",
     "CREATE TABLE configs (config_key TEXT PRIMARY KEY, diff TEXT, full TEXT) WITHOUT ROWID",
@@ -79,8 +85,10 @@ def _compact(pack: Path, out: Path) -> tuple[int, int]:
     dst.execute(f"PRAGMA page_size={PAGE_SIZE}")
     for ddl in COMPACT_SCHEMA:
         dst.execute(ddl)
-    dst.executemany("INSERT INTO contexts VALUES (?,?,?,?)", src.execute("SELECT * FROM contexts"))
-    templates: dict[tuple[str, bytes], int] = {}
+    contexts = src.execute("SELECT * FROM contexts").fetchall()
+    dst.executemany("INSERT INTO contexts VALUES (?,?,?,?)", contexts)
+    tails = {(ctx, b): crc_tail(b, fp, vk) for ctx, fp, vk, _ in contexts for b in known_backends()}
+    templates: dict[tuple[str, int, str, bytes], int] = {}
     rows, full = [], 0
     for *head, result in src.execute("SELECT * FROM probes ORDER BY config_key, backend, ctx"):
         data = result.encode()
@@ -93,11 +101,12 @@ def _compact(pack: Path, out: Path) -> tuple[int, int]:
         masked = P._ELAPSED.sub(b'"elapsed_ms":0', data)
         if _expand(masked, values) != data:  # the layout must give back every byte
             raise SystemExit(f"row {head[:2]} does not round-trip")
-        rid = templates.setdefault((head[1], masked), len(templates) + 1)
+        rid = templates.setdefault((head[1], head[3], head[4], masked), len(templates) + 1)
         holes = [float(v) for v in values[1:]] + [None] * (len(HOLES) + 1 - len(values))
+        head[8] = _crc(head[0], tails[head[2], head[1]], rid, head[5], holes)
         rows.append((*head, rid, *holes, None))
-    dst.executemany("INSERT INTO templates VALUES (?,?,?)",
-                    [(rid, b, t.decode()) for (b, t), rid in templates.items()])  # fmt: skip
+    dst.executemany("INSERT INTO templates VALUES (?,?,?,?,?)", [
+        (rid, b, sup, stage, t.decode()) for (b, sup, stage, t), rid in templates.items()])
     dst.executemany(f"INSERT INTO probes VALUES ({','.join('?' * 14)})", rows)
     defaults = FusedAttnConfig().to_dict()
     configs = []
@@ -117,17 +126,23 @@ def _compact(pack: Path, out: Path) -> tuple[int, int]:
     return len(templates), full
 
 
-def _compact_copy(pack: Path, path: Path) -> float:
-    """Seconds SQLite takes to copy the compact pack into a fresh compact store (as
-    :func:`bench_cache_scale._bare_copy`: one transaction, its commit folding the WAL)."""
+def _fresh_compact(path: Path) -> None:
+    """An empty store of the compact layout at ``path`` (the store's page size and journal)."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
         for ddl in COMPACT_SCHEMA:
             conn.execute(ddl)
     finally:
         conn.close()
+
+
+def _compact_copy(pack: Path, path: Path) -> float:
+    """Seconds SQLite takes to copy the compact pack into a fresh compact store (as
+    :func:`bench_cache_scale._bare_copy`: one transaction, its commit folding the WAL)."""
+    _fresh_compact(path)
     return timed_copy(pack, path, ("templates", "contexts", "probes", "configs"))
 
 
@@ -148,42 +163,145 @@ def _current_checks(pack: Path) -> float:
     return took
 
 
-def _compact_checks(pack: Path) -> float:
-    """Seconds the checks of a compact pack would take: SQL column checks of every row (the
-    import's, less the result's, plus the holes' types and ranges and a known template), the key's
-    digits once per config and a checksum per row in Python, the validator once per template, the
-    config byte tests of the compact configs."""
-    reader = sqlite3.connect(f"file:{pack}?mode=ro", uri=True)
+_NUMBERS = struct.Struct("<qdddd").pack
+
+
+def _crc(ck: str, tail: bytes, rid: int, elapsed: float, holes: list[float | None]) -> int:
+    """A compact row's checksum: its key (as today's, :func:`.rows.crc_head` and ``crc_tail``),
+    then its template id and elapsed times packed (a checksum must cover the compact columns)."""
+    e1, e2, e3 = (h or 0.0 for h in holes)
+    head = zlib.crc32(tail, zlib.crc32(crc_head(ck)))
+    return zlib.crc32(_NUMBERS(rid, elapsed, e1, e2, e3), head)
+
+
+def _compact_pass(reader: sqlite3.Connection, emit: Any) -> None:
+    """The checks an import of a compact pack needs, over ``reader`` (the pack): the validator
+    once per template (its backend, ``supported`` and ``stage`` columns must agree), the config
+    byte tests of the compact configs, then every row in key order: SQL column checks (the
+    import's, less the result's, plus the holes' types and ranges and a template of the row's
+    backend, support and stage), in Python the key's digits once per config and the checksum.
+    Hands each checked range of keys to ``emit(lo, hi, skip)`` as the shipped import does, ``skip``
+    naming the keys refused (a row kept in full is refused too: a prototype)."""
     key = CacheKey("0" * 64, "", "0" * 64, "0" * 64)
-    holes = " AND ".join(f"(p.{e} IS NULL OR (typeof(p.{e}) = 'real' AND p.{e} BETWEEN 0 AND"
-                         f" {P.MAX_ELAPSED_MS:.0f}))" for e in HOLES)  # fmt: skip
-    row_sql = {k: v for k, v in P.ROW_WHERE.items() if k != "result"}
-    latest = time.time() + P.MAX_CLOCK_SKEW_S
-    ok = (
-        f"{P._qualified(row_sql, 'p')} AND {holes} AND p.created_at <= {latest!r}"
-        " AND (p.rid IN (SELECT rid FROM templates) OR (p.rid IS NULL AND p.result IS NOT NULL))"
-    )
-    t0 = time.perf_counter()
-    for backend, text in reader.execute("SELECT backend, CAST(template AS BLOB) FROM templates"):
-        if P._verdict(key._replace(backend=backend), text) is False:
-            raise SystemExit("a template fails the validator")
-    bad, last, pack_row = 0, None, struct.Struct("<qddd").pack
-    crc32, hexdigits = zlib.crc32, P._HEX_BYTES
-    scan = ("SELECT CAST(p.config_key AS BLOB), p.rid, p.e1, p.e2, p.e3, p.crc, CASE WHEN"
-            f" {ok} THEN 1 ELSE 0 END FROM probes p ORDER BY p.config_key, p.backend, p.ctx")
-    for ck, rid, e1, e2, e3, crc, good in reader.execute(scan):
-        if ck != last:
-            last, key_ok = ck, len(ck) == 64 and not ck.strip(hexdigits)
-        crc32(pack_row(rid or 0, e1 or 0.0, e2 or 0.0, e3 or 0.0), crc32(ck))  # (its cost)
-        bad += not (good and key_ok and crc is not None)
+    for rid, backend, supported, stage, text in reader.execute(
+            "SELECT rid, backend, supported, CAST(stage AS BLOB), CAST(template AS BLOB)"
+            " FROM templates"):  # fmt: skip
+        if P._verdict(key._replace(backend=backend), text) != (supported, stage):
+            raise SystemExit(f"template {rid} fails the validator")
     check = P._Pass()
     text = "coalesce(g.diff, g.full)"
     check.configs(reader.execute(
         f"SELECT CAST(g.config_key AS BLOB), CASE WHEN json_valid({text}) AND json_type({text})"
         f" = 'object' THEN 1 ELSE 0 END, CAST({text} AS BLOB) FROM configs g ORDER BY 1"))
+    if check.dropped:
+        raise SystemExit(f"compact checks refused {len(check.dropped)} configs")
+    contexts = {ctx: (fp, vk) for ctx, fp, vk in reader.execute(
+        "SELECT ctx, device_fp, versions_key FROM contexts")}  # fmt: skip
+    holes = " AND ".join(f"(p.{e} IS NULL OR (typeof(p.{e}) = 'real' AND p.{e} BETWEEN 0 AND"
+                         f" {P.MAX_ELAPSED_MS:.0f}))" for e in HOLES)  # fmt: skip
+    row_sql = {k: v for k, v in P.ROW_WHERE.items() if k != "result"}
+    ok = (
+        f"{P._qualified(row_sql, 'p')} AND {holes}"
+        f" AND p.created_at <= {time.time() + P.MAX_CLOCK_SKEW_S!r}"
+        f" AND p.ctx IN ({','.join(map(str, contexts))}) AND EXISTS (SELECT 1 FROM templates t"
+        " WHERE t.rid = p.rid AND t.backend = p.backend AND t.supported = p.supported"
+        " AND t.stage = p.stage)"
+    )
+    scan = ("SELECT CAST(p.config_key AS BLOB), CAST(p.backend AS BLOB), p.ctx, p.rid,"
+            " p.elapsed_ms, p.e1, p.e2, p.e3, p.crc, CASE WHEN"
+            f" {ok} THEN 1 ELSE 0 END FROM probes p ORDER BY p.config_key, p.backend, p.ctx")
+    last, last_ok, ck_crc, lo, n, skip = None, False, 0, "", 0, []
+    tails: dict[Any, bytes] = {}
+    numbers, crc32, hexdigits = _NUMBERS, zlib.crc32, P._HEX_BYTES
+    for ck, backend, ctx, rid, elapsed, e1, e2, e3, crc, good in reader.execute(scan):
+        if ck != last:
+            last_ok = len(ck) == 64 and not ck.strip(hexdigits)
+            if n >= P.CHUNK_ROWS:
+                emit(lo, ck.decode(), skip)
+                lo, n, skip = ck.decode(), 0, []
+            last, ck_crc = ck, crc32(crc_head(ck.decode()))
+        n += 1
+        if good and last_ok:
+            tail = tails.get((ctx, backend))
+            if tail is None:
+                tail = tails[ctx, backend] = crc_tail(backend.decode(), *contexts[ctx])
+            if crc32(numbers(rid, elapsed, e1 or 0.0, e2 or 0.0, e3 or 0.0),
+                     crc32(tail, ck_crc)) == crc:  # fmt: skip
+                continue
+        skip.append((ck, backend, ctx))
+    emit(lo, None, skip)
+
+
+def _compact_checks(pack: Path) -> float:
+    """Seconds :func:`_compact_pass` takes over the compact pack, with nothing copied."""
+    reader = sqlite3.connect(f"file:{pack}?mode=ro", uri=True)
+    refused: list[Any] = []
+    t0 = time.perf_counter()
+    _compact_pass(reader, lambda lo, hi, skip: refused.extend(skip))
     took = time.perf_counter() - t0
-    if bad or check.dropped:
-        raise SystemExit(f"compact checks refused {bad} rows, {len(check.dropped)} configs")
+    reader.close()
+    if refused:
+        raise SystemExit(f"compact checks refused {len(refused)} rows")
+    return took
+
+
+_C_COLUMNS = ("config_key, backend, ctx, supported, stage, elapsed_ms, created_at, package_version,"
+              " crc, rid, e1, e2, e3, result")  # fmt: skip
+
+
+def _compact_import(pack: Path, path: Path) -> float:
+    """Seconds an import of the compact pack into a fresh compact store takes, pipelined as the
+    shipped import is: :func:`_compact_pass` on this thread, the shipped import's copier thread
+    (``quick_check`` first, then one ``INSERT ... SELECT`` per checked range of keys, less the keys
+    the checks named) on the store's connection, then the templates and configs, one commit that
+    folds the WAL. A prototype: the pack's schema, meta and contexts are not checked and no row is
+    kept in full (the benchmark's rows need none), so a built import would take a little longer."""
+    _fresh_compact(path)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA cache_size=-65536")
+    conn.execute("ATTACH ? AS pk", (f"file:{pack}?mode=ro",))
+    for ddl in P._SKIP_DDL:
+        conn.execute(ddl)
+    reader = P._connect_pack(pack)
+    p_columns = ", ".join(f"p.{c.strip()}" for c in _C_COLUMNS.split(","))
+    copy = P._RANGE.replace(P._P_COLUMNS, p_columns).replace(P._COLUMNS, _C_COLUMNS)
+    try:
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO main.contexts SELECT * FROM pk.contexts")
+        reader.execute("BEGIN")
+        copier = P._Copier(conn, "ignore")
+        copier.sql = tuple(copy.format(hi=hi) + P._CONFLICT["ignore"]
+                           for hi in (" AND p.config_key < ?", ""))  # fmt: skip
+        copier.start()
+        _compact_pass(reader, copier.emit)
+        copier.finish()
+        conn.execute("INSERT INTO main.templates SELECT * FROM pk.templates")
+        conn.execute("INSERT INTO main.configs SELECT * FROM pk.configs")
+        conn.execute("COMMIT")
+        took = time.perf_counter() - t0
+        copied = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
+        claimed = reader.execute("SELECT count(*) FROM probes").fetchone()[0]
+    finally:
+        reader.close()
+        conn.close()
+    if copied != claimed:
+        raise SystemExit(f"the compact import copied {copied} of {claimed} rows")
+    return took
+
+
+def _current_import(pack: Path, path: Path) -> float:
+    """Seconds the shipped import takes to import the current pack into a fresh store."""
+    store = ProbeCache(path)
+    try:
+        len(store)
+        t0 = time.perf_counter()
+        report = P.import_pack(store, pack)
+        took = time.perf_counter() - t0
+    finally:
+        store.close()
+    if report.rejected or report.problem:
+        raise SystemExit(f"the import refused rows: {report.rejected[:1]} {report.problem}")
     return took
 
 
@@ -196,6 +314,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200_000, help="entries (default 200,000)")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="imports of each layout, alternated (medians printed; default 3)")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="bench-compact-", dir=args.dir)
     root = Path(tmp.name)
@@ -211,6 +331,15 @@ def main() -> None:
     compact_copy_s = _compact_copy(compact, root / "floor-compact.sqlite")
     checks_s = _current_checks(pack)
     compact_checks_s = _compact_checks(compact)
+    imports: dict[str, list[float]] = {"current": [], "compact": []}
+    for i in range(max(1, args.rounds)):  # alternated: this machine's speed drifts
+        for name, run, src in (("current", _current_import, pack),
+                               ("compact", _compact_import, compact)):  # fmt: skip
+            dest = root / f"{name}{i}.sqlite"
+            imports[name].append(run(src, dest))
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{dest}{suffix}").unlink(missing_ok=True)
+    import_s, compact_import_s = (statistics.median(imports[k]) for k in ("current", "compact"))
     n = args.n
     bound, compact_bound = _bound(n, checks_s, copy_s), _bound(n, compact_checks_s, compact_copy_s)
     print(f"compact_layout n={n} bytes_per_row={os.path.getsize(pack) / n:.0f} "
@@ -219,7 +348,9 @@ def main() -> None:
           f"compact_floor_per_s={n / compact_copy_s:.0f} checks_s={checks_s:.3f} "
           f"compact_checks_s={compact_checks_s:.3f} bound_per_s={bound:.0f} "
           f"compact_bound_per_s={compact_bound:.0f} compact_vs_current={compact_bound / bound:.2f} "
-          "(an estimate for a layout not built; target of the pack import: 250000/s)")  # fmt: skip
+          f"import_pack_per_s={n / import_s:.0f} compact_import_per_s={n / compact_import_s:.0f} "
+          f"compact_import_vs_current={import_s / compact_import_s:.2f} "
+          "(a layout not built, its import a prototype; pack import target: 250000/s)")  # fmt: skip
     tmp.cleanup()
 
 

@@ -1,13 +1,17 @@
 """benchmarks/bench_compact_layout.py: its result line on a small run (every row held in the compact
-layout, which gives back each row's exact text), and the masking it relies on."""
+layout, which gives back each row's exact text, and the prototype import copying every row), the
+masking it relies on, and the prototype's checks refusing a damaged row."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from te_fl_attention.cache import pack
 
@@ -26,7 +30,7 @@ def _bench():
 
 
 def test_the_benchmark_line_on_a_small_run(tmp_path):
-    cmd = [sys.executable, str(SCRIPT), "--n", "400", "--dir", str(tmp_path)]
+    cmd = [sys.executable, str(SCRIPT), "--n", "400", "--dir", str(tmp_path), "--rounds", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     line = out.strip().splitlines()[-1]
     assert line.startswith("compact_layout n=400 ")
@@ -36,6 +40,50 @@ def test_the_benchmark_line_on_a_small_run(tmp_path):
     assert v["compact_bytes_per_row"] < v["bytes_per_row"]
     assert v["bound_per_s"] > 0 and v["compact_bound_per_s"] > 0
     assert abs(v["compact_vs_current"] - v["compact_bound_per_s"] / v["bound_per_s"]) < 0.02
+    assert v["import_pack_per_s"] > 0 and v["compact_import_per_s"] > 0
+    ratio = v["compact_import_per_s"] / v["import_pack_per_s"]
+    assert abs(v["compact_import_vs_current"] - ratio) < 0.02 * ratio
+
+
+def _compact_pack(bench, tmp_path, n=40):
+    from te_fl_attention.cache import ProbeCache
+
+    store = ProbeCache(tmp_path / "store.sqlite")
+    for batch in bench._rows(n, 0, []):
+        store.put_many(batch, checked=True)
+    pk, compact = tmp_path / "rows.pack", tmp_path / "compact.sqlite"
+    pack.export_pack(store, pk)
+    store.close()
+    bench._compact(pk, compact)
+    return compact
+
+
+@pytest.mark.parametrize("damage", [
+    None,
+    "UPDATE probes SET crc = (crc + 1) % 4294967296 WHERE backend = 'flash'",
+    "UPDATE probes SET e1 = e1 + 0.5 WHERE backend = 'flash'",  # (a time the checksum covers)
+    "UPDATE probes SET supported = 1 - supported WHERE backend = 'triton'",  # template disagrees
+    # (an unknown template: the checksum covers the id too)
+    "UPDATE probes SET rid = (SELECT max(rid) + 7 FROM templates) WHERE backend = 'unfused'",
+])
+def test_the_prototype_checks_refuse_a_damaged_row(tmp_path, damage):
+    bench = _bench()
+    compact = _compact_pack(bench, tmp_path)
+    changed = 0
+    if damage is not None:
+        conn = sqlite3.connect(compact)
+        with conn:
+            changed = conn.execute(damage).rowcount
+        conn.close()
+        assert changed > 0
+    refused: list = []
+    bench._compact_pass(sqlite3.connect(compact), lambda lo, hi, skip: refused.extend(skip))
+    assert len(refused) == changed
+    if changed:  # the prototype import then copies fewer rows than the pack holds: refused
+        with pytest.raises(SystemExit, match="copied"):
+            bench._compact_import(compact, tmp_path / "dest.sqlite")
+    else:
+        assert bench._compact_import(compact, tmp_path / "dest.sqlite") > 0
 
 
 def test_a_template_gives_back_each_elapsed_time_in_order():
