@@ -71,6 +71,10 @@ class ImportReport:
 
 
 def _header_problem(obj: Any) -> str | None:
+    """Why ``obj``, the parsed first line (or :class:`_Bad`), is not an export's header."""
+    if isinstance(obj, _Bad):  # (a binary file, or a pack whose SQLite header is damaged)
+        return (f"the file is not a JSON Lines export, an SQLite pack or a store (its first line"
+                f" is {obj})")  # fmt: skip
     if not isinstance(obj, dict):
         return "the first line is not a header object"
     if obj.get("format") != FORMAT:
@@ -166,7 +170,7 @@ def _read_jsonl(f: IO[bytes], *, header: bool = True, end: int | None = None) ->
             continue
         obj, fast = _parse_flagged(line)
         if not header_seen:
-            problem = obj if isinstance(obj, _Bad) else _header_problem(obj)
+            problem = _header_problem(obj)
             if problem:
                 yield n, _Bad(f"bad header: {problem}"), None, False
                 return
@@ -183,8 +187,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[int, str | None]:
         first = f.readline(MAX_ROW + 1)
     if not first or len(first) > MAX_ROW:
         return len(first), "bad header: missing or too long"
-    obj = _parse(first)
-    problem = obj if isinstance(obj, _Bad) else _header_problem(obj)
+    problem = _header_problem(_parse(first))
     return len(first), f"bad header: {problem}" if problem else None
 
 

@@ -359,6 +359,22 @@ def test_not_sqlite_and_fifos_are_not_packs(tmp_path):
         pack.import_pack(fresh, tmp_path / "fifo")
 
 
+def test_a_pack_whose_sqlite_header_is_damaged_is_refused_by_name(packed, tmp_path):
+    """Read as JSON Lines (not a pack by its header): the refusal says what the file is not."""
+    _, path = packed
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[:6] = b"XXXXXX"  # the SQLite magic gone
+    (tmp_path / "bad.pack").write_bytes(bytes(data))
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    assert not pack.is_pack(tmp_path / "bad.pack")
+    report = transfer.import_(fresh, tmp_path / "bad.pack")
+    assert report.imported == 0 and len(report.rejected) == 1
+    why = report.rejected[0][1]
+    assert "not a JSON Lines export, an SQLite pack or a store" in why and "not valid JSON" in why
+    assert len(fresh) == 0
+
+
 # ------------------------------------------------------------------------- stores that fail
 def test_import_into_a_read_only_store_writes_nothing(packed, tmp_path):
     from te_fl_attention.cli import cache as cmd
