@@ -17,7 +17,9 @@ the copy and the checks overlapped perfectly: rows / max(checks, copy, their sum
 ``compact_vs_current`` sets the two bounds side by side. Then a prototype import of the compact
 pack (:func:`_compact_import`: the shipped import's pipeline and copier thread with the checks a
 built one would need) is timed against the shipped import of the current pack, alternated
-``--rounds`` times: ``compact_import_per_s`` and ``import_pack_per_s`` (medians). Prints one line.
+``--rounds`` times: ``compact_import_per_s`` and ``import_pack_per_s`` (medians), and
+``compact_split_import_per_s``: the prototype with the row checks shared with a helper process
+(the two cores' whole use: the checks on two, the copy beside them). Prints one line.
 
     python benchmarks/bench_compact_layout.py --n 200000
 """
@@ -25,14 +27,17 @@ built one would need) is timed against the shipped import of the current pack, a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
 import sqlite3
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -175,13 +180,15 @@ def _crc(ck: str, tail: bytes, rid: int, elapsed: float, holes: list[float | Non
 
 
 def _compact_pass(reader: sqlite3.Connection, emit: Any) -> None:
-    """The checks an import of a compact pack needs, over ``reader`` (the pack): the validator
-    once per template (its backend, ``supported`` and ``stage`` columns must agree), the config
-    byte tests of the compact configs, then every row in key order: SQL column checks (the
-    import's, less the result's, plus the holes' types and ranges and a template of the row's
-    backend, support and stage), in Python the key's digits once per config and the checksum.
-    Hands each checked range of keys to ``emit(lo, hi, skip)`` as the shipped import does, ``skip``
-    naming the keys refused (a row kept in full is refused too: a prototype)."""
+    """The checks an import of a compact pack needs, over ``reader`` (the pack): the templates'
+    and configs' (:func:`_whole_checks`), then every row's (:func:`_row_checks`)."""
+    _whole_checks(reader)
+    _row_checks(reader, emit)
+
+
+def _whole_checks(reader: sqlite3.Connection) -> None:
+    """The validator once per template (its backend, ``supported`` and ``stage`` columns must
+    agree), the config byte tests of the compact configs."""
     key = CacheKey("0" * 64, "", "0" * 64, "0" * 64)
     for rid, backend, supported, stage, text in reader.execute(
             "SELECT rid, backend, supported, CAST(stage AS BLOB), CAST(template AS BLOB)"
@@ -195,6 +202,14 @@ def _compact_pass(reader: sqlite3.Connection, emit: Any) -> None:
         f" = 'object' THEN 1 ELSE 0 END, CAST({text} AS BLOB) FROM configs g ORDER BY 1"))
     if check.dropped:
         raise SystemExit(f"compact checks refused {len(check.dropped)} configs")
+
+
+def _row_checks(reader: sqlite3.Connection, emit: Any, lo: str = "", hi: str | None = None) -> None:
+    """Every row with a key in [``lo``, ``hi``), in key order: SQL column checks (the import's,
+    less the result's, plus the holes' types and ranges and a template of the row's backend,
+    support and stage), in Python the key's digits once per config and the checksum. Hands each
+    checked range of keys to ``emit(lo, hi, skip)`` as the shipped import does, ``skip`` naming
+    the keys refused (a row kept in full is refused too: a prototype)."""
     contexts = {ctx: (fp, vk) for ctx, fp, vk in reader.execute(
         "SELECT ctx, device_fp, versions_key FROM contexts")}  # fmt: skip
     holes = " AND ".join(f"(p.{e} IS NULL OR (typeof(p.{e}) = 'real' AND p.{e} BETWEEN 0 AND"
@@ -209,11 +224,14 @@ def _compact_pass(reader: sqlite3.Connection, emit: Any) -> None:
     )
     scan = ("SELECT CAST(p.config_key AS BLOB), CAST(p.backend AS BLOB), p.ctx, p.rid,"
             " p.elapsed_ms, p.e1, p.e2, p.e3, p.crc, CASE WHEN"
-            f" {ok} THEN 1 ELSE 0 END FROM probes p ORDER BY p.config_key, p.backend, p.ctx")
-    last, last_ok, ck_crc, lo, n, skip = None, False, 0, "", 0, []
+            f" {ok} THEN 1 ELSE 0 END FROM probes p WHERE p.config_key >= ?"
+            f"{'' if hi is None else ' AND p.config_key < ?'}"
+            " ORDER BY p.config_key, p.backend, p.ctx")
+    last, last_ok, ck_crc, n, skip = None, False, 0, 0, []
     tails: dict[Any, bytes] = {}
     numbers, crc32, hexdigits = _NUMBERS, zlib.crc32, P._HEX_BYTES
-    for ck, backend, ctx, rid, elapsed, e1, e2, e3, crc, good in reader.execute(scan):
+    bounds = (lo,) if hi is None else (lo, hi)
+    for ck, backend, ctx, rid, elapsed, e1, e2, e3, crc, good in reader.execute(scan, bounds):
         if ck != last:
             last_ok = len(ck) == 64 and not ck.strip(hexdigits)
             if n >= P.CHUNK_ROWS:
@@ -229,7 +247,7 @@ def _compact_pass(reader: sqlite3.Connection, emit: Any) -> None:
                      crc32(tail, ck_crc)) == crc:  # fmt: skip
                 continue
         skip.append((ck, backend, ctx))
-    emit(lo, None, skip)
+    emit(lo, hi, skip)
 
 
 def _compact_checks(pack: Path) -> float:
@@ -249,13 +267,14 @@ _C_COLUMNS = ("config_key, backend, ctx, supported, stage, elapsed_ms, created_a
               " crc, rid, e1, e2, e3, result")  # fmt: skip
 
 
-def _compact_import(pack: Path, path: Path) -> float:
+def _compact_import(pack: Path, path: Path, split: bool = False) -> float:
     """Seconds an import of the compact pack into a fresh compact store takes, pipelined as the
     shipped import is: :func:`_compact_pass` on this thread, the shipped import's copier thread
     (``quick_check`` first, then one ``INSERT ... SELECT`` per checked range of keys, less the keys
     the checks named) on the store's connection, then the templates and configs, one commit that
-    folds the WAL. A prototype: the pack's schema, meta and contexts are not checked and no row is
-    kept in full (the benchmark's rows need none), so a built import would take a little longer."""
+    folds the WAL. ``split``: the row checks shared with a helper process (:func:`_split_checks`).
+    A prototype: the pack's schema, meta and contexts are not checked and no row is kept in full
+    (the benchmark's rows need none), so a built import would take a little longer."""
     _fresh_compact(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA cache_size=-65536")
@@ -274,7 +293,10 @@ def _compact_import(pack: Path, path: Path) -> float:
         copier.sql = tuple(copy.format(hi=hi) + P._CONFLICT["ignore"]
                            for hi in (" AND p.config_key < ?", ""))  # fmt: skip
         copier.start()
-        _compact_pass(reader, copier.emit)
+        if split:
+            _split_checks(pack, reader, copier.emit)
+        else:
+            _compact_pass(reader, copier.emit)
         copier.finish()
         conn.execute("INSERT INTO main.templates SELECT * FROM pk.templates")
         conn.execute("INSERT INTO main.configs SELECT * FROM pk.configs")
@@ -288,6 +310,51 @@ def _compact_import(pack: Path, path: Path) -> float:
     if copied != claimed:
         raise SystemExit(f"the compact import copied {copied} of {claimed} rows")
     return took
+
+
+def _split_checks(pack: Path, reader: sqlite3.Connection, emit: Any) -> None:
+    """The row checks of the upper half of the configs' keys in a helper process (this script
+    with ``--check-rows``, started first: it takes a fraction of a second to import), its ranges
+    handed to ``emit`` by a thread as they arrive, while this thread checks the templates, the
+    configs and the lower half. (A built import would also have to hold the helper to the same
+    snapshot of the pack.)"""
+    total = reader.execute("SELECT count(*) FROM configs").fetchone()[0]
+    found = reader.execute("SELECT config_key FROM configs ORDER BY config_key LIMIT 1 OFFSET ?",
+                           (total // 2,)).fetchone()  # fmt: skip
+    if found is None:
+        _compact_pass(reader, emit)
+        return
+    mid = str(found[0])
+    helper = subprocess.Popen([sys.executable, __file__, "--check-rows", str(pack), mid],
+                              stdout=subprocess.PIPE)  # fmt: skip
+
+    def pump() -> None:
+        assert helper.stdout is not None
+        for line in helper.stdout:
+            lo, hi, skip = json.loads(line)
+            emit(lo, hi, [(bytes.fromhex(ck), b.encode(), ctx) for ck, b, ctx in skip])
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    try:
+        _whole_checks(reader)
+        _row_checks(reader, emit, "", mid)
+    finally:
+        pumper.join()
+        if helper.wait() != 0:
+            raise SystemExit(f"the row-checking helper failed ({helper.returncode})")
+
+
+def _check_rows_helper(pack: str, lo: str) -> None:
+    """``--check-rows``: :func:`_row_checks` from ``lo`` on, each range one JSON line on stdout."""
+    reader = P._connect_pack(Path(pack))
+
+    def emit(lo: str, hi: str | None, skip: list[tuple[bytes, bytes, int]]) -> None:
+        out = [(ck.hex(), b.decode(), ctx) for ck, b, ctx in skip]
+        sys.stdout.write(json.dumps((lo, hi, out)) + "\n")
+        sys.stdout.flush()
+
+    _row_checks(reader, emit, lo)
 
 
 def _current_import(pack: Path, path: Path) -> float:
@@ -316,7 +383,11 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="imports of each layout, alternated (medians printed; default 3)")
+    ap.add_argument("--check-rows", nargs=2, help=argparse.SUPPRESS)  # (the split's helper)
     args = ap.parse_args()
+    if args.check_rows:
+        _check_rows_helper(*args.check_rows)
+        return
     tmp = tempfile.TemporaryDirectory(prefix="bench-compact-", dir=args.dir)
     root = Path(tmp.name)
     store = ProbeCache(root / "store.sqlite")
@@ -331,15 +402,17 @@ def main() -> None:
     compact_copy_s = _compact_copy(compact, root / "floor-compact.sqlite")
     checks_s = _current_checks(pack)
     compact_checks_s = _compact_checks(compact)
-    imports: dict[str, list[float]] = {"current": [], "compact": []}
+    runs: dict[str, tuple[Any, Path]] = {
+        "current": (_current_import, pack), "compact": (_compact_import, compact),
+        "split": (functools.partial(_compact_import, split=True), compact)}  # fmt: skip
+    imports: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(max(1, args.rounds)):  # alternated: this machine's speed drifts
-        for name, run, src in (("current", _current_import, pack),
-                               ("compact", _compact_import, compact)):  # fmt: skip
+        for name, (run, src) in runs.items():
             dest = root / f"{name}{i}.sqlite"
             imports[name].append(run(src, dest))
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{dest}{suffix}").unlink(missing_ok=True)
-    import_s, compact_import_s = (statistics.median(imports[k]) for k in ("current", "compact"))
+    import_s, compact_import_s, split_s = (statistics.median(t) for t in imports.values())
     n = args.n
     bound, compact_bound = _bound(n, checks_s, copy_s), _bound(n, compact_checks_s, compact_copy_s)
     print(f"compact_layout n={n} bytes_per_row={os.path.getsize(pack) / n:.0f} "
@@ -350,6 +423,7 @@ def main() -> None:
           f"compact_bound_per_s={compact_bound:.0f} compact_vs_current={compact_bound / bound:.2f} "
           f"import_pack_per_s={n / import_s:.0f} compact_import_per_s={n / compact_import_s:.0f} "
           f"compact_import_vs_current={import_s / compact_import_s:.2f} "
+          f"compact_split_import_per_s={n / split_s:.0f} "
           "(a layout not built, its import a prototype; pack import target: 250000/s)")  # fmt: skip
     tmp.cleanup()
 

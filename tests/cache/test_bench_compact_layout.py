@@ -43,6 +43,7 @@ def test_the_benchmark_line_on_a_small_run(tmp_path):
     assert v["import_pack_per_s"] > 0 and v["compact_import_per_s"] > 0
     ratio = v["compact_import_per_s"] / v["import_pack_per_s"]
     assert abs(v["compact_import_vs_current"] - ratio) < 0.02 * ratio
+    assert v["compact_split_import_per_s"] > 0
 
 
 def _compact_pack(bench, tmp_path, n=40):
@@ -79,11 +80,13 @@ def test_the_prototype_checks_refuse_a_damaged_row(tmp_path, damage):
     refused: list = []
     bench._compact_pass(sqlite3.connect(compact), lambda lo, hi, skip: refused.extend(skip))
     assert len(refused) == changed
-    if changed:  # the prototype import then copies fewer rows than the pack holds: refused
-        with pytest.raises(SystemExit, match="copied"):
-            bench._compact_import(compact, tmp_path / "dest.sqlite")
-    else:
-        assert bench._compact_import(compact, tmp_path / "dest.sqlite") > 0
+    for split in (False, True):  # (split: the upper half checked by a helper process)
+        dest = tmp_path / f"dest-{split}.sqlite"
+        if changed:  # the prototype import then copies fewer rows than the pack holds: refused
+            with pytest.raises(SystemExit, match=f"copied {40 - changed} of 40"):
+                bench._compact_import(compact, dest, split=split)
+        else:
+            assert bench._compact_import(compact, dest, split=split) > 0
 
 
 def test_a_template_gives_back_each_elapsed_time_in_order():
