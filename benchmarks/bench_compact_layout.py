@@ -19,7 +19,11 @@ pack (:func:`_compact_import`: the shipped import's pipeline and copier thread w
 built one would need) is timed against the shipped import of the current pack, alternated
 ``--rounds`` times: ``compact_import_per_s`` and ``import_pack_per_s`` (medians), and
 ``compact_split_import_per_s``: the prototype with the row checks shared with a helper process
-(the two cores' whole use: the checks on two, the copy beside them). Prints one line.
+(the two cores' whole use: the checks on two, the copy beside them). Also timed: the rewrite of
+every row into the compact layout (``migrate_per_s``: what a migration of a store would do, each
+row's round trip checked), and reading each row's result text with its checksum checked
+(``read_us_per_row`` today, ``compact_read_us_per_row`` rebuilt from its template). Prints one
+line.
 
     python benchmarks/bench_compact_layout.py --n 200000
 """
@@ -52,7 +56,7 @@ from te_fl_attention.cache import ProbeCache  # noqa: E402
 from te_fl_attention.cache import pack as P  # noqa: E402
 from te_fl_attention.cache._lifecycle import PAGE_SIZE  # noqa: E402
 from te_fl_attention.cache.keys import CacheKey, known_backends  # noqa: E402
-from te_fl_attention.cache.rows import crc_head, crc_tail  # noqa: E402
+from te_fl_attention.cache.rows import crc_head, crc_tail, row_crc_bytes  # noqa: E402
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 
 _PREFIX = len(b'"elapsed_ms":')
@@ -357,6 +361,50 @@ def _check_rows_helper(pack: str, lo: str) -> None:
     _row_checks(reader, emit, lo)
 
 
+_HOLE = re.compile(rb'"elapsed_ms":0(?=[,}])')  # (a masked value: _expand fills these)
+
+
+def _reads(pack: Path, compact: Path) -> tuple[float, float]:
+    """Microseconds per row to read every row's result text with its checksum checked, as the
+    store's decode does before it parses the text: today the stored text; compact the row's
+    template (split at its holes once) filled with its elapsed times, after the compact checksum.
+    The parse that follows reads the same text in both. Every rebuilt text is compared with
+    today's, untimed."""
+    scan = ("SELECT p.config_key, p.backend, c.device_fp, c.versions_key, p.crc, {cols} FROM"
+            " probes p JOIN contexts c ON c.ctx = p.ctx ORDER BY p.config_key, p.backend, p.ctx")
+    conn = sqlite3.connect(f"file:{pack}?mode=ro", uri=True)
+    t0 = time.perf_counter()
+    texts = []
+    for ck, b, fp, vk, crc, data in conn.execute(scan.format(cols="CAST(p.result AS BLOB)")):
+        if row_crc_bytes(CacheKey(ck, b, fp, vk), data) != crc:
+            raise SystemExit("a stored row fails its checksum")
+        texts.append(data)
+    today = time.perf_counter() - t0
+    conn.close()
+    conn = sqlite3.connect(f"file:{compact}?mode=ro", uri=True)
+    glue = b'"elapsed_ms":'
+    parts = {}  # template id -> its text cut after each hole's name
+    for rid, text in conn.execute("SELECT rid, CAST(template AS BLOB) FROM templates"):
+        cut = _HOLE.split(text)
+        parts[rid] = [piece + glue for piece in cut[:-1]] + cut[-1:]
+    t0 = time.perf_counter()
+    rebuilt = []
+    for ck, b, fp, vk, crc, rid, *times in conn.execute(
+            scan.format(cols="p.rid, p.elapsed_ms, p.e1, p.e2, p.e3")):  # fmt: skip
+        if _crc(ck, crc_tail(b, fp, vk), rid, times[0], times[1:]) != crc:
+            raise SystemExit("a compact row fails its checksum")
+        pieces = parts[rid]
+        out = [pieces[0]]
+        for value, piece in zip(times, pieces[1:], strict=False):  # (times past the holes: None)
+            out += (repr(value).encode(), piece)
+        rebuilt.append(b"".join(out))
+    compact_s = time.perf_counter() - t0
+    conn.close()
+    if rebuilt != texts:
+        raise SystemExit("a rebuilt text differs from the stored one")
+    return today * 1e6 / len(texts), compact_s * 1e6 / len(texts)
+
+
 def _current_import(pack: Path, path: Path) -> float:
     """Seconds the shipped import takes to import the current pack into a fresh store."""
     store = ProbeCache(path)
@@ -397,7 +445,10 @@ def main() -> None:
     pack, compact = root / "rows.pack", root / "rows-compact.sqlite"
     P.export_pack(store, pack)
     store.close()
+    t0 = time.perf_counter()
     templates, full = _compact(pack, compact)
+    migrate_s = time.perf_counter() - t0
+    read_us, compact_read_us = _reads(pack, compact)
     copy_s = _bare_copy(pack, root / "floor.sqlite")
     compact_copy_s = _compact_copy(compact, root / "floor-compact.sqlite")
     checks_s = _current_checks(pack)
@@ -423,7 +474,8 @@ def main() -> None:
           f"compact_bound_per_s={compact_bound:.0f} compact_vs_current={compact_bound / bound:.2f} "
           f"import_pack_per_s={n / import_s:.0f} compact_import_per_s={n / compact_import_s:.0f} "
           f"compact_import_vs_current={import_s / compact_import_s:.2f} "
-          f"compact_split_import_per_s={n / split_s:.0f} "
+          f"compact_split_import_per_s={n / split_s:.0f} migrate_per_s={n / migrate_s:.0f} "
+          f"read_us_per_row={read_us:.2f} compact_read_us_per_row={compact_read_us:.2f} "
           "(a layout not built, its import a prototype; pack import target: 250000/s)")  # fmt: skip
     tmp.cleanup()
 

@@ -43,7 +43,8 @@ def test_the_benchmark_line_on_a_small_run(tmp_path):
     assert v["import_pack_per_s"] > 0 and v["compact_import_per_s"] > 0
     ratio = v["compact_import_per_s"] / v["import_pack_per_s"]
     assert abs(v["compact_import_vs_current"] - ratio) < 0.02 * ratio
-    assert v["compact_split_import_per_s"] > 0
+    assert v["compact_split_import_per_s"] > 0 and v["migrate_per_s"] > 0
+    assert v["read_us_per_row"] > 0 and v["compact_read_us_per_row"] > 0  # (texts compared)
 
 
 def _compact_pack(bench, tmp_path, n=40):
