@@ -60,6 +60,7 @@ from te_fl_attention.cache.rows import crc_head, crc_tail, row_crc_bytes  # noqa
 from te_fl_attention.config import FusedAttnConfig  # noqa: E402
 
 _PREFIX = len(b'"elapsed_ms":')
+_HOLE = re.compile(rb'"elapsed_ms":0(?=[,}])')  # a masked value in a template
 HOLES = ("e1", "e2", "e3")
 COMPACT_SCHEMA = (
     "CREATE TABLE templates (rid INTEGER PRIMARY KEY, backend TEXT NOT NULL, supported INTEGER NOT"
@@ -82,8 +83,7 @@ def _values(data: bytes) -> list[str]:
 def _expand(template: bytes, values: list[str]) -> bytes:
     """A result's text from its template and its ``elapsed_ms`` values, in order."""
     rest = iter(values)
-    return re.sub(rb'"elapsed_ms":0(?=[,}])', lambda m: b'"elapsed_ms":' + next(rest).encode(),
-                  template)  # fmt: skip
+    return _HOLE.sub(lambda m: b'"elapsed_ms":' + next(rest).encode(), template)
 
 
 def _compact(pack: Path, out: Path) -> tuple[int, int]:
@@ -360,8 +360,6 @@ def _check_rows_helper(pack: str, lo: str) -> None:
 
     _row_checks(reader, emit, lo)
 
-
-_HOLE = re.compile(rb'"elapsed_ms":0(?=[,}])')  # (a masked value: _expand fills these)
 
 
 def _reads(pack: Path, compact: Path) -> tuple[float, float]:
