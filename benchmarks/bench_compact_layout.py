@@ -243,7 +243,7 @@ def _row_checks(reader: sqlite3.Connection, emit: Any, lo: str = "", hi: str | N
                 lo, n, skip = ck.decode(), 0, []
             last, ck_crc = ck, crc32(crc_head(ck.decode()))
         n += 1
-        if good and last_ok:
+        if good and last_ok:  # (:func:`_crc`, its head once per config, its tail once per context)
             tail = tails.get((ctx, backend))
             if tail is None:
                 tail = tails[ctx, backend] = crc_tail(backend.decode(), *contexts[ctx])
@@ -297,10 +297,14 @@ def _compact_import(pack: Path, path: Path, split: bool = False) -> float:
         copier.sql = tuple(copy.format(hi=hi) + P._CONFLICT["ignore"]
                            for hi in (" AND p.config_key < ?", ""))  # fmt: skip
         copier.start()
-        if split:
-            _split_checks(pack, reader, copier.emit)
-        else:
-            _compact_pass(reader, copier.emit)
+        try:
+            if split:
+                _split_checks(pack, reader, copier.emit)
+            else:
+                _compact_pass(reader, copier.emit)
+        except BaseException:
+            copier.abort()  # (its thread stops: nothing is left waiting on its queue)
+            raise
         copier.finish()
         conn.execute("INSERT INTO main.templates SELECT * FROM pk.templates")
         conn.execute("INSERT INTO main.configs SELECT * FROM pk.configs")
@@ -332,11 +336,18 @@ def _split_checks(pack: Path, reader: sqlite3.Connection, emit: Any) -> None:
     helper = subprocess.Popen([sys.executable, __file__, "--check-rows", str(pack), mid],
                               stdout=subprocess.PIPE)  # fmt: skip
 
-    def pump() -> None:
+    failed: list[BaseException] = []
+
+    def pump() -> None:  # (reads to the end whatever happens: the helper never blocks on a pipe)
         assert helper.stdout is not None
         for line in helper.stdout:
-            lo, hi, skip = json.loads(line)
-            emit(lo, hi, [(bytes.fromhex(ck), b.encode(), ctx) for ck, b, ctx in skip])
+            if failed:
+                continue
+            try:
+                lo, hi, skip = json.loads(line)
+                emit(lo, hi, [(bytes.fromhex(ck), b.encode(), ctx) for ck, b, ctx in skip])
+            except BaseException as exc:  # (the copier's error: re-raised below)
+                failed.append(exc)
 
     pumper = threading.Thread(target=pump, daemon=True)
     pumper.start()
@@ -347,6 +358,8 @@ def _split_checks(pack: Path, reader: sqlite3.Connection, emit: Any) -> None:
         pumper.join()
         if helper.wait() != 0:
             raise SystemExit(f"the row-checking helper failed ({helper.returncode})")
+    if failed:
+        raise failed[0]
 
 
 def _check_rows_helper(pack: str, lo: str) -> None:

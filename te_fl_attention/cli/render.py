@@ -217,45 +217,42 @@ def render(decision: Decision, file: TextIO | None = None, width: int | None = N
     outside (device names, imported reasons) is :func:`safe_text`: no terminal control
     sequence is printed raw and a lone surrogate never fails the output."""
     from rich.console import Console
-    from rich.markup import escape as _escape
     from rich.table import Table
-
-    escape = safe_markup
 
     out = file if file is not None else sys.stdout
     if width is None and not out.isatty():
         width = 140  # pipes and logs: wide enough that names are not folded
     console = Console(file=out, width=width, soft_wrap=False)
     dev = decision.device
-    title = escape(f"Attention backend on {dev.name} "
-                   f"(sm{dev.sm if dev.sm is not None else ' none'})")  # fmt: skip
+    title = safe_markup(f"Attention backend on {dev.name} "
+                        f"(sm{dev.sm if dev.sm is not None else ' none'})")  # fmt: skip
     table = Table(title=title, show_lines=True)
     for col in ("candidate", "verdict", "stage", "reasons"):
         table.add_column(col, overflow="fold")
 
     styles = {"CHOSEN": "bold green", "supported": "green", "refused": "red"}
     for label, verdict, stage, reasons in rows(decision):
-        table.add_row(_escape(label), f"[{styles[verdict]}]{verdict}[/]", _escape(stage),
-                      _escape(reasons))  # fmt: skip
+        table.add_row(safe_markup(label), f"[{styles[verdict]}]{verdict}[/]", safe_markup(stage),
+                      safe_markup(reasons))  # fmt: skip
     console.print(table)
     chosen = decision.chosen_result
     if chosen is None:
         force = (decision.policy or {}).get("force")
         if force:
             shown = decision.result(force).display_name if _has(decision, force) else force
-            console.print(escape(f"no backend: force={force} and {shown} cannot run this "
-                                 "config (its reasons are above)"))  # fmt: skip
+            console.print(safe_markup(f"no backend: force={force} and {shown} cannot run this "
+                                      "config (its reasons are above)"))  # fmt: skip
         else:
             console.print("[bold red]no backend supports this config[/]")
     else:
         extra = ""
         if decision.detail.get("flash_variant"):
             extra = f" via {decision.result(decision.detail['flash_variant']).display_name}"
-        console.print(f"chosen: [bold]{escape(chosen.display_name)}[/]{escape(extra)}")
-    console.print(escape(f"order considered: {' > '.join(map(str, decision.order))}"))
+        console.print(f"chosen: [bold]{safe_markup(chosen.display_name)}[/]{safe_markup(extra)}")
+    console.print(safe_markup(f"order considered: {' > '.join(map(str, decision.order))}"))
     for line in measured_lines(decision):
-        console.print(escape(line))
-    console.print(escape(f"config key: {decision.config.key()}  (source: {decision.source})"))
+        console.print(safe_markup(line))
+    console.print(safe_markup(f"config key: {decision.config.key()}  (source: {decision.source})"))
     spec = decision.detail.get("graph_spec")
     if spec is not None:
         render_graphs(spec, console)
@@ -277,20 +274,16 @@ def render_graphs(spec: dict[str, Any], console: Any) -> None:
     """The cuDNN graphs the fused probe built (``explain --show-graph``): per graph, the SDPA
     node's options and every tensor it reads or writes, in cudnn-frontend's vocabulary; then,
     with a TE log to compare with, every difference."""
-    from rich.markup import escape as _escape
     from rich.table import Table
 
     from ..graphspec import options, roles
 
-    def escape(text: Any) -> str:
-        return _escape(safe_text(text))
-
     if spec.get("message"):
-        console.print(escape(f"graph spec: {spec['message']}"))
+        console.print(safe_markup(f"graph spec: {spec['message']}"))
     for which, graph in (spec.get("graphs") or {}).items():
         opts = options(graph)
-        title = escape(f"cuDNN {which} graph ({spec.get('mode') or '?'}, "
-                       f"cuDNN {spec.get('cudnn_version')})")
+        title = safe_markup(f"cuDNN {which} graph ({spec.get('mode') or '?'}, "
+                            f"cuDNN {spec.get('cudnn_version')})")
         table = Table(title=title, show_lines=False)
         for col in ("role", "tensor", "dims", "strides", "data type", "ragged offset", "by value"):
             table.add_column(col, overflow="fold")
@@ -299,18 +292,17 @@ def render_graphs(spec: dict[str, Any], console: Any) -> None:
             mult = t.get("ragged_offset_multiplier")
             ragged = "-" if off is None else f"{_shape(off['dim'])} {off['data_type']}" + (
                 f" x{mult}" if mult not in (None, 1) else "")
-            table.add_row(escape(role), escape(str(t.get("name"))), escape(_shape(t.get("dim"))),
-                          escape(_shape(t.get("stride"))),
-                          escape(str(t.get("data_type") or "(graph io)")), escape(ragged),
-                          "yes" if t.get("is_pass_by_value") else "")  # fmt: skip
+            cells = (role, str(t.get("name")), _shape(t.get("dim")), _shape(t.get("stride")),
+                     str(t.get("data_type") or "(graph io)"), ragged)
+            table.add_row(*map(safe_markup, cells), "yes" if t.get("is_pass_by_value") else "")
         console.print(table)
-        console.print(escape(f"{which} options: " + ", ".join(
+        console.print(safe_markup(f"{which} options: " + ", ".join(
             f"{k}={json.dumps(v)}" for k, v in sorted(opts.items()))))  # fmt: skip
     for which, differences in (spec.get("compared") or {}).items():
         if not differences:
-            console.print(escape(f"{which}: the same graph as the one in the log"))
+            console.print(safe_markup(f"{which}: the same graph as the one in the log"))
         for line in differences:
-            console.print(escape(f"{which}: {line}"))
+            console.print(safe_markup(f"{which}: {line}"))
 
 
 def measured_lines(decision: Decision) -> list[str]:

@@ -100,3 +100,18 @@ def test_a_template_gives_back_each_elapsed_time_in_order():
     assert b"33.0418" not in template and b"4.3086" not in template
     assert bench._expand(template, values) == text
     assert bench._expand(template, ["1.5", "4.3086", "0.0"]) != text
+
+
+def test_an_error_on_the_helpers_ranges_is_raised_not_lost_in_its_thread(tmp_path):
+    bench = _bench()
+    compact = _compact_pack(bench, tmp_path)
+    seen: list = []
+
+    def emit(lo, hi, skip):
+        seen.append(hi)
+        if hi is None:  # (the last range: the helper's, from the middle key on)
+            raise RuntimeError("the copier failed")
+
+    with pytest.raises(RuntimeError, match="copier failed"):
+        bench._split_checks(compact, sqlite3.connect(compact), emit)
+    assert None in seen and any(hi is not None for hi in seen)  # both halves were handed on
