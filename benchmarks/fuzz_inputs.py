@@ -537,6 +537,7 @@ def _corrupt_rows(path: Path, mutations: list[dict[str, Any]],
     the runs of ``flips``."""
     import sqlite3
 
+    from te_fl_attention.cache.compact import expand, pieces
     from te_fl_attention.cache.keys import CacheKey
     from te_fl_attention.cache.rows import row_crc_bytes
 
@@ -544,8 +545,16 @@ def _corrupt_rows(path: Path, mutations: list[dict[str, Any]],
     conn.execute("PRAGMA ignore_check_constraints=ON")  # as a hostile writer may
     conn.execute("BEGIN")
     contexts = {c: (fp, vk, dev) for c, fp, vk, dev in conn.execute("SELECT * FROM contexts")}
-    rows = conn.execute("SELECT config_key, backend, ctx, created_at, result FROM probes")
-    for ck, backend, ctx, created, text in rows.fetchall():
+    compact = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'templates'"
+                           ).fetchone()[0]  # fmt: skip
+    rows = conn.execute(
+        "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.result, p.rid, p.elapsed_ms,"
+        " p.e1, p.e2, p.e3, t.template FROM probes p LEFT JOIN templates t ON t.rid = p.rid"
+        if compact else "SELECT config_key, backend, ctx, created_at, result, NULL, NULL, NULL,"
+        " NULL, NULL, NULL FROM probes")  # fmt: skip
+    for ck, backend, ctx, created, text, rid, *values, template in rows.fetchall():
+        if rid is not None:  # a compact row: mutated and written back in full
+            text = expand(pieces(template.encode()), *values).decode()
         fp, vk, dev = contexts[ctx]
         row = {"backend": backend, "created_at": created, "result": json.loads(text),
                "context": {"device": json.loads(dev) if dev else None}}  # fmt: skip
@@ -561,8 +570,9 @@ def _corrupt_rows(path: Path, mutations: list[dict[str, Any]],
             crc = 0
         conn.execute(
             "UPDATE OR IGNORE probes SET backend = ?, supported = ?, stage = ?, elapsed_ms = ?,"
-            " created_at = ?, crc = ?, result = CAST(? AS TEXT) WHERE config_key = ?"
-            " AND backend = ? AND ctx = ?",
+            " created_at = ?, crc = ?, result = CAST(? AS TEXT)"
+            + (", rid = NULL, e1 = NULL, e2 = NULL, e3 = NULL" if compact else "")
+            + " WHERE config_key = ? AND backend = ? AND ctx = ?",
             (new_backend, _sql_value(result.get("supported")), _sql_value(result.get("stage",
              "rule")), _sql_value(result.get("elapsed_ms", 0.0)), _sql_value(row["created_at"]),
              crc, data, ck, backend, ctx))  # fmt: skip

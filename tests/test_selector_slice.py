@@ -72,15 +72,51 @@ def test_a_slice_over_the_bound_falls_back_to_per_config_reads(tmp_path, monkeyp
     assert d.source == "cache" and len(calls) == 1
 
 
-@pytest.mark.parametrize("damage", ["crc", "json"])
+def _store_in_full(conn, path, backend: str) -> None:
+    """Rewrite ``backend``'s compact rows as full rows (their JSON text in ``result``, as a
+    schema-1 store holds them)."""
+    from te_fl_attention.cache.rows import make_row, row_params
+
+    store = ProbeCache(path, readonly=True)
+    rows = list(store.iter_rows(backend=backend))
+    store.close()
+    assert rows
+    for row in rows:
+        p = row_params(make_row(row.key, row.result, created_at=row.created_at))
+        n = conn.execute("UPDATE probes SET result=?, crc=?, rid=NULL, e1=NULL, e2=NULL,"
+                         " e3=NULL WHERE config_key=? AND backend=? AND ctx=?",
+                         (p[9], p[8], *p[:3])).rowcount  # fmt: skip
+        assert n == 1
+
+
+# Compact rows: their checksum, a value or their template damaged; full rows: checksum or text.
+_DAMAGE = {
+    "crc": "UPDATE probes SET crc = crc + 1 WHERE backend = 'unfused'",
+    "elapsed": "UPDATE probes SET elapsed_ms = elapsed_ms + 1 WHERE backend = 'unfused'",
+    "template": "UPDATE templates SET template = '{' WHERE backend = 'unfused'",
+    "full-crc": "UPDATE probes SET crc = crc + 1 WHERE backend = 'unfused'",
+    "json": "UPDATE probes SET result = '{' WHERE backend = 'unfused'",
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
 def test_a_damaged_row_in_the_slice_is_a_miss_and_probed_again(tmp_path, damage):
     _fill(tmp_path / "p.sqlite")
     import sqlite3
 
     conn = sqlite3.connect(tmp_path / "p.sqlite")
-    sql = "UPDATE probes SET crc = crc + 1 WHERE backend = 'unfused'" if damage == "crc" else \
-        "UPDATE probes SET result = '{' WHERE backend = 'unfused'"  # fmt: skip
-    conn.execute(sql)
+    full = damage in ("full-crc", "json")
+    if full:
+        _store_in_full(conn, tmp_path / "p.sqlite", "unfused")
+        conn.commit()
+        sel, store, _ = _selector(tmp_path / "p.sqlite")  # (still read as they were)
+        sel.prepare(DEV)
+        assert sel.decide(CONFIGS[0], DEV, Policy()).source == "cache"
+        assert sel.stats["probes"] == 0 and store._bad_rows == 0
+        store.close()
+    kinds = conn.execute("SELECT DISTINCT rid IS NULL FROM probes WHERE backend = 'unfused'")
+    assert [k for (k,) in kinds] == [int(full)]
+    assert conn.execute(_DAMAGE[damage]).rowcount >= 1
     conn.commit()
     conn.close()
     sel, store, _ = _selector(tmp_path / "p.sqlite")

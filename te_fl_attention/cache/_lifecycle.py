@@ -15,7 +15,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -31,7 +31,10 @@ except ImportError:  # pragma: no cover - Windows
 log = logging.getLogger("te_fl_attention.cache")
 
 #: Bumped when the table layout changes. Stored as ``PRAGMA user_version`` and in ``meta``.
-SCHEMA_VERSION = 1
+#: Schema 2 (:mod:`.compact`) is schema 1 with the compact columns and tables added: a
+#: schema-1 store is migrated in place when opened for writing (its rows kept as they are) and
+#: read as it is otherwise.
+SCHEMA_VERSION = 2
 #: ``PRAGMA application_id`` of our stores ("TEFA").
 APPLICATION_ID = 0x54454641
 BUSY_TIMEOUT_S = 30.0
@@ -42,7 +45,7 @@ BUSY_GIVE_UP_S = 120.0
 
 _T = TypeVar("_T")
 
-_SCHEMA = {
+_SCHEMA_1 = {
     "meta": "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
     "contexts": (
         "CREATE TABLE contexts (ctx INTEGER PRIMARY KEY, device_fp TEXT NOT NULL,"
@@ -59,6 +62,44 @@ _SCHEMA = {
         " PRIMARY KEY (config_key, backend, ctx)) WITHOUT ROWID"
     ),
 }
+#: Schema 1 to 2 (SQLite's ``ADD COLUMN`` writes the DDL of :data:`_SCHEMA`'s tables).
+_MIGRATE_2 = (
+    "ALTER TABLE configs ADD COLUMN base INTEGER",
+    "ALTER TABLE probes ADD COLUMN rid INTEGER",
+    "ALTER TABLE probes ADD COLUMN e1 REAL",
+    "ALTER TABLE probes ADD COLUMN e2 REAL",
+    "ALTER TABLE probes ADD COLUMN e3 REAL",
+)
+_NEW_2 = {
+    "templates": (
+        "CREATE TABLE templates (rid INTEGER PRIMARY KEY, backend TEXT NOT NULL,"
+        " supported INTEGER NOT NULL, stage TEXT NOT NULL, holes INTEGER NOT NULL,"
+        " template TEXT NOT NULL)"
+    ),
+    "bases": "CREATE TABLE bases (base INTEGER PRIMARY KEY, config TEXT NOT NULL)",
+}
+_SCHEMA = {
+    "meta": _SCHEMA_1["meta"],
+    "contexts": _SCHEMA_1["contexts"],
+    "configs": (
+        "CREATE TABLE configs (config_key TEXT PRIMARY KEY, config TEXT NOT NULL, base INTEGER)"
+        " WITHOUT ROWID"
+    ),
+    "probes": (
+        "CREATE TABLE probes (config_key TEXT NOT NULL, backend TEXT NOT NULL,"
+        " ctx INTEGER NOT NULL, supported INTEGER NOT NULL, stage TEXT NOT NULL,"
+        " elapsed_ms REAL NOT NULL, created_at REAL NOT NULL, package_version TEXT NOT NULL,"
+        " crc INTEGER NOT NULL, result TEXT NOT NULL, rid INTEGER, e1 REAL, e2 REAL, e3 REAL,"
+        " PRIMARY KEY (config_key, backend, ctx)) WITHOUT ROWID"
+    ),
+    **_NEW_2,
+}
+_SCHEMAS = {1: _SCHEMA_1, 2: _SCHEMA}
+
+
+def _same_ddl(tables: dict[str, str], schema: dict[str, str]) -> bool:
+    return set(tables) == set(schema) and all(
+        " ".join(tables[n].split()) == " ".join(ddl.split()) for n, ddl in schema.items())
 
 # SQLite primary result codes, grouped by what we do about them.
 _BUSY_CODES = {5, 6, 15}  # BUSY, LOCKED, PROTOCOL
@@ -115,6 +156,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_close_before_fork)
 
 
+@contextlib.contextmanager
+def write_txn(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any exception roll back (quietly) and re-raise."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
 class SQLiteFile:
     """The file half of :class:`.sqlite.ProbeCache` (its ``__init__`` sets these attributes)."""
 
@@ -131,6 +186,8 @@ class SQLiteFile:
     _dead: bool
     _known_ctx: dict[int, bool]
     _known_cfg: set[str]
+    #: The open file's schema (1: a schema-1 store read without migrating it).
+    schema: int
     _warned: set[str]
 
     # ---------------------------------------------------------------- logging / degrading
@@ -396,14 +453,30 @@ class SQLiteFile:
         if max(version, meta_version) > SCHEMA_VERSION:
             raise StoreUnusable(f"schema version {max(version, meta_version)} is newer than this "
                                 f"package's {SCHEMA_VERSION}")  # fmt: skip
-        same_ddl = names == set(_SCHEMA) and all(
-            " ".join(tables[n].split()) == " ".join(ddl.split()) for n, ddl in _SCHEMA.items()
-        )
-        if version != SCHEMA_VERSION or meta_version != version or not same_ddl:
+        schema = _SCHEMAS.get(version)
+        if schema is None or meta_version != version or not _same_ddl(tables, schema):
             raise StoreUnusable(f"unexpected schema (version {version}/{meta_text or '?'}, "
                                 f"tables: {', '.join(sorted(names))})")  # fmt: skip
         if create:
             self._set_wal(conn)
+            if version < SCHEMA_VERSION:
+                self._migrate(conn)
+                version = SCHEMA_VERSION
+        self.schema = version
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Schema 1 to 2 in one write transaction (the rows are kept as they are: schema 2 reads
+        them); nothing when another process migrated it meanwhile."""
+        with write_txn(conn):
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+                for sql in (*_MIGRATE_2, *_NEW_2.values()):
+                    conn.execute(sql)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'",
+                             (str(SCHEMA_VERSION),))  # fmt: skip
+                conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('migrated_at', ?)",
+                             (repr(time.time()),))  # fmt: skip
+        log.info("probe cache %s: schema 1 migrated to %d (rows kept)", self.path, SCHEMA_VERSION)
 
     def _set_wal(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -414,29 +487,23 @@ class SQLiteFile:
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (before the file's first write)
         self._set_wal(conn)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_txn(conn):
             names = {r[0] for r in conn.execute(
                 "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")}  # fmt: skip
-            if names:  # another process created it meanwhile: validate what it made
-                conn.execute("ROLLBACK")
-                self._validate(conn, create=False)
-                return
-            for ddl in _SCHEMA.values():
-                conn.execute(ddl)
-            conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            conn.executemany("INSERT INTO meta (name, value) VALUES (?, ?)", [
-                ("schema_version", str(SCHEMA_VERSION)),
-                ("created_by", package_version()),
-                ("created_at", repr(time.time())),
-            ])  # fmt: skip
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+            if not names:
+                for ddl in _SCHEMA.values():
+                    conn.execute(ddl)
+                conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.executemany("INSERT INTO meta (name, value) VALUES (?, ?)", [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("created_by", package_version()),
+                    ("created_at", repr(time.time())),
+                ])  # fmt: skip
+        if names:  # another process created it meanwhile (nothing written): validate what it made
+            self._validate(conn, create=False)
+            return
+        self.schema = SCHEMA_VERSION
 
     def _quarantine(self, reason: str) -> bool:
         """Move the file aside (if nobody else has it open) and start afresh; False: memo only."""

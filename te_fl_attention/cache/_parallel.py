@@ -184,6 +184,8 @@ def _copy_into(target: ProbeCache, part: Path) -> int | None:
                 " ON CONFLICT (ctx) DO UPDATE SET device=excluded.device"
                 " WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
             )
+            for table in ("templates", "bases"):  # (what the rows and configs use)
+                conn.execute(f"INSERT OR IGNORE INTO main.{table} SELECT * FROM part.{table}")
             conn.execute("INSERT INTO main.configs SELECT * FROM part.configs WHERE true"
                          " ON CONFLICT DO NOTHING")  # fmt: skip
             before = conn.total_changes

@@ -31,13 +31,22 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..reasons import ProbeResult
 from . import _json
-from ._lifecycle import BUSY_TIMEOUT_S, OPEN_STORES, SCHEMA_VERSION, SQLiteFile
+from ._lifecycle import BUSY_TIMEOUT_S, OPEN_STORES, SCHEMA_VERSION, SQLiteFile, write_txn
+from .compact import (
+    compact_crc,
+    expand,
+    join_config,
+    pieces,
+    split_config,
+    split_result,
+    text_id,
+)
 from .keys import CacheKey
 from .memory import BaseCache, keep_set
 from .rows import (
@@ -56,20 +65,19 @@ from .rows import (
 
 _COLUMNS = (
     "config_key, backend, ctx, supported, stage, elapsed_ms, created_at, package_version, crc,"
-    " result"
+    " result, rid, e1, e2, e3"
 )
 _UPDATE = (
     "supported=excluded.supported, stage=excluded.stage, elapsed_ms=excluded.elapsed_ms,"
     " created_at=excluded.created_at, package_version=excluded.package_version,"
-    " crc=excluded.crc, result=excluded.result"
+    " crc=excluded.crc, result=excluded.result, rid=excluded.rid, e1=excluded.e1,"
+    " e2=excluded.e2, e3=excluded.e3"
 )
+_VALUES = f"INSERT INTO probes ({_COLUMNS}) VALUES ({','.join('?' * 14)})"
 _INSERT = {
-    "replace": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
-    f" ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}",
-    "ignore": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
-    " ON CONFLICT DO NOTHING",
-    "newer": f"INSERT INTO probes ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
-    f" ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}"
+    "replace": f"{_VALUES} ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}",
+    "ignore": f"{_VALUES} ON CONFLICT DO NOTHING",
+    "newer": f"{_VALUES} ON CONFLICT (config_key, backend, ctx) DO UPDATE SET {_UPDATE}"
     " WHERE excluded.created_at > probes.created_at",
 }
 _INSERT_CTX = (
@@ -77,13 +85,54 @@ _INSERT_CTX = (
     " ON CONFLICT (ctx) DO UPDATE SET device=excluded.device"
     " WHERE contexts.device IS NULL AND excluded.device IS NOT NULL"
 )
-_INSERT_CFG = "INSERT INTO configs (config_key, config) VALUES (?,?) ON CONFLICT DO NOTHING"
-# Lookups read the result as its stored UTF-8 bytes (checksummed and parsed without decoding);
-# a value that is not text (a damaged row) reads as NULL, a miss.
-_RESULT_UTF8 = "CASE WHEN typeof(result) = 'text' THEN CAST(result AS BLOB) END"
-_GET = f"SELECT crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND backend=? AND ctx=?"
-_GET_CONFIG = f"SELECT backend, crc, {_RESULT_UTF8} FROM probes WHERE config_key=? AND ctx=?"
-_GET_SLICE = f"SELECT config_key, backend, crc, {_RESULT_UTF8} FROM probes WHERE ctx=? LIMIT ?"
+_INSERT_CFG = ("INSERT INTO configs (config_key, config, base) VALUES (?,?,?)"
+               " ON CONFLICT DO NOTHING")  # fmt: skip
+#: A template is written with its rows; one stored with other text (damaged: its rows read as
+#: misses) is written again, as a full row's text is.
+INSERT_TEMPLATE = (
+    "INSERT INTO templates VALUES (?,?,?,?,?,?) ON CONFLICT (rid) DO UPDATE SET"
+    " backend=excluded.backend, supported=excluded.supported, stage=excluded.stage,"
+    " holes=excluded.holes, template=excluded.template WHERE (templates.backend,"
+    " templates.supported, templates.stage, templates.holes, templates.template) IS NOT"
+    " (excluded.backend, excluded.supported, excluded.stage, excluded.holes, excluded.template)"
+)
+_INSERT_BASE = "INSERT OR IGNORE INTO bases VALUES (?,?)"
+
+
+def _utf8(col: str) -> str:
+    """A text column as its stored UTF-8 bytes (checksummed and parsed without decoding); a
+    value that is not text (a damaged row) reads as NULL, a miss."""
+    return f"CASE WHEN typeof({col}) = 'text' THEN CAST({col} AS BLOB) END"
+
+
+class _Queries:
+    """The lookup statements of one schema (1: a schema-1 store read as it is). Each result is
+    read as ``crc, result, rid, elapsed_ms, e1, e2, e3, template`` (:meth:`ProbeCache._decode`)."""
+
+    def __init__(self, schema: int) -> None:
+        if schema >= 2:
+            cols = (f"p.crc, {_utf8('p.result')}, p.rid, p.elapsed_ms, p.e1, p.e2, p.e3,"
+                    f" {_utf8('t.template')} FROM probes p LEFT JOIN templates t ON t.rid = p.rid")
+            extra = ("p.rid, p.elapsed_ms, p.e1, p.e2, p.e3, t.template, g.base, b.config FROM"
+                     " probes p LEFT JOIN templates t ON t.rid = p.rid")
+            joins = " LEFT JOIN bases b ON b.base = g.base"
+        else:
+            cols = f"p.crc, {_utf8('p.result')}, NULL, NULL, NULL, NULL, NULL, NULL FROM probes p"
+            extra, joins = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM probes p", ""
+        self.get = f"SELECT {cols} WHERE p.config_key=? AND p.backend=? AND p.ctx=?"
+        self.get_config = f"SELECT p.backend, {cols} WHERE p.config_key=? AND p.ctx=?"
+        self.get_slice = f"SELECT p.config_key, p.backend, {cols} WHERE p.ctx=? LIMIT ?"
+        #: Rows with their bookkeeping (:meth:`ProbeCache._row_from_db`).
+        self.rows = (
+            "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.package_version, p.crc,"
+            f" p.result, c.device_fp, c.versions_key, c.device, g.config, {extra}"
+            " LEFT JOIN contexts c ON c.ctx = p.ctx LEFT JOIN configs g"
+            f" ON g.config_key = p.config_key{joins}"
+        )
+
+
+_QUERIES = {1: _Queries(1), 2: _Queries(2)}
+_Q2 = _QUERIES[2]
 
 
 #: A job's slice (all rows of one device and versions key) is read in one query only from a
@@ -93,11 +142,8 @@ SLICE_MAX_BYTES = 64 << 20
 SLICE_MAX_ROWS = 20_000
 SLICE_BULK_DECODE = 8192
 _EXISTS = "SELECT 1 FROM probes WHERE config_key=? AND backend=? AND ctx=?"
-_ROWS = (
-    "SELECT p.config_key, p.backend, p.ctx, p.created_at, p.package_version, p.crc, p.result,"
-    " c.device_fp, c.versions_key, c.device, g.config FROM probes p"
-    " LEFT JOIN contexts c ON c.ctx = p.ctx LEFT JOIN configs g ON g.config_key = p.config_key"
-)
+#: Templates whose text was checked against their id, with their pieces (bounded).
+_PARTS_MAX = 4096
 
 
 _json_loads = _json.loads
@@ -114,20 +160,6 @@ _WARM_ROW = dumps({
          "stage": "rule", "evidence": "rules", "elapsed_ms": 0.0, "detail": {}, "variants": []},
     ],
 }).encode()  # fmt: skip
-
-
-@contextlib.contextmanager
-def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``; on any exception roll back (quietly) and re-raise."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
 
 
 class ProbeCache(SQLiteFile, BaseCache):
@@ -160,6 +192,7 @@ class ProbeCache(SQLiteFile, BaseCache):
         self._dead = False  # True: no readable store (memo only) for this process
         self._known_ctx: dict[int, bool] = {}  # ctx -> stored with device JSON
         self._known_cfg: set[str] = set()
+        self._parts: dict[int, tuple[bytes, list[bytes]]] = {}  # template id -> text, pieces
         self._bad_rows = 0
         #: Rows that ``put_many``/a bulk writer had to keep in memory (the file was not written).
         self.in_memory_writes = 0
@@ -182,7 +215,7 @@ class ProbeCache(SQLiteFile, BaseCache):
     def decode_row(self, key: CacheKey, row: Any) -> ProbeResult | None:
         """A row of :meth:`load_slice` as its result (``None``: a bad row, counted)."""
         if type(row) is tuple:
-            return self._decode(key, row[0], row[1])
+            return self._decode(key, row)
         return row
 
     def load_slice(self, device_fp: str, versions_key: str, *, max_rows: int | None = None,
@@ -190,10 +223,11 @@ class ProbeCache(SQLiteFile, BaseCache):
         """Every stored row of one (device fingerprint, versions key), in one query:
         ``{(config_key, backend): row}``, each row a decoded :class:`ProbeResult` when the
         slice has at most :data:`SLICE_BULK_DECODE` rows (decoded in one pass now), else its
-        stored ``(crc, utf8 bytes)`` for :meth:`decode_row` on first use. A row whose checksum or
-        content is bad is left out (counted). ``None`` when the store cannot answer so (over
-        :data:`SLICE_MAX_BYTES` on disk or :data:`SLICE_MAX_ROWS` in the slice, rows held in
-        memory after a failed write, no readable file): look rows up per config then."""
+        stored columns (as :meth:`_decode` takes them) for :meth:`decode_row` on first use. A
+        row whose checksum or content is bad is left out (counted). ``None`` when the store
+        cannot answer so (over :data:`SLICE_MAX_BYTES` on disk or :data:`SLICE_MAX_ROWS` in the
+        slice, rows held in memory after a failed write, no readable file): look rows up per
+        config then."""
         if self._memo:
             return None
         ctx = ctx_id(device_fp, versions_key)
@@ -205,13 +239,13 @@ class ProbeCache(SQLiteFile, BaseCache):
             size = conn.execute("PRAGMA page_size").fetchone()[0]
             if pages * size > max_bytes:
                 return None
-            return conn.execute(_GET_SLICE, (ctx, max_rows + 1)).fetchall()
+            return conn.execute(self._q.get_slice, (ctx, max_rows + 1)).fetchall()
 
         rows = self.run(read, write=False, miss=None)
         if rows is None or len(rows) > max_rows:
             return None
-        if len(rows) > SLICE_BULK_DECODE:  # the stored bytes, each decoded on first use
-            return {(ck, b): (crc, data) for ck, b, crc, data in rows}
+        if len(rows) > SLICE_BULK_DECODE:  # the stored columns, each decoded on first use
+            return {(r[0], r[1]): r[2:] for r in rows}
         return self._bulk_decode(rows, device_fp, versions_key)
 
     def _bulk_decode(self, rows: list[Any], device_fp: str, versions_key: str
@@ -219,22 +253,51 @@ class ProbeCache(SQLiteFile, BaseCache):
         """A slice's rows as results, all in one pass (each row parsed on its own: a row's text
         can never be read as part of another's)."""
         decode, out = self._decode, {}
-        for ck, b, crc, data in rows:
-            result = decode(CacheKey(ck, b, device_fp, versions_key), crc, data)
+        for r in rows:
+            result = decode(CacheKey(r[0], r[1], device_fp, versions_key), r[2:])
             if result is not None:
-                out[(ck, b)] = result
+                out[(r[0], r[1])] = result
         return out
 
-    def _decode(self, key: CacheKey, crc: Any, data: Any) -> ProbeResult | None:
-        """The result of a ``_GET``/``_GET_CONFIG`` row (``data``: its UTF-8 bytes), or ``None``
-        (counted, warned once) when its checksum or content is bad."""
+    @property
+    def _q(self) -> _Queries:
+        """The lookup statements of the open file's schema."""
+        return _QUERIES.get(getattr(self, "schema", 2), _Q2)
+
+    def _decode(self, key: CacheKey, row: Any) -> ProbeResult | None:
+        """The result of a lookup's columns (``crc, result, rid, elapsed_ms, e1, e2, e3,
+        template``: :class:`_Queries`), or ``None`` (counted, warned once) when its checksum or
+        content is bad."""
         try:
-            if type(data) is not bytes or row_crc_bytes(key, data) != crc:
-                raise ValueError("checksum mismatch")
-            return _from_dict(_json_loads(data))
+            return _from_dict(_json_loads(self._text(key, row)))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             self._bad_row()
             return None
+
+    def _text(self, key: Any, row: Any) -> bytes:
+        """A stored result's UTF-8 text with its checksum checked: a full row's own text, a
+        compact row's rebuilt from its template (checked against its id); ``ValueError`` if
+        damaged."""
+        crc, data, rid = row[0], row[1], row[2]
+        if rid is None:
+            if type(data) is not bytes or row_crc_bytes(key, data) != crc:
+                raise ValueError("checksum mismatch")
+            return data
+        template = row[7]
+        parts = self._parts.get(rid)
+        if parts is None or parts[0] != template:
+            if type(template) is not bytes or type(rid) is not int or text_id(template) != rid:
+                raise ValueError("template damaged")
+            if len(self._parts) >= _PARTS_MAX:
+                self._parts.clear()
+            parts = self._parts[rid] = (template, pieces(template))
+        elapsed, e1, e2, e3 = row[3:7]
+        if compact_crc(key[0], key[1], ctx_id(key[2], key[3]), rid, elapsed, e1, e2, e3) != crc:
+            raise ValueError("checksum mismatch")
+        text = expand(parts[1], elapsed, e1, e2, e3)
+        if text is None:
+            raise ValueError("values do not fill the template")
+        return text
 
     def get(self, key: CacheKey) -> ProbeResult | None:
         """The stored result for ``key``, or ``None``."""
@@ -246,8 +309,9 @@ class ProbeCache(SQLiteFile, BaseCache):
             params = (key[0], key[1], ctx_id(key[2], key[3]))
         except (TypeError, IndexError, AttributeError):
             return None
-        row = self.run(lambda c: c.execute(_GET, params).fetchone(), write=False, miss=None)
-        return None if row is None else self._decode(CacheKey(*key), row[0], row[1])
+        row = self.run(lambda c: c.execute(self._q.get, params).fetchone(), write=False,
+                       miss=None)  # fmt: skip
+        return None if row is None else self._decode(CacheKey(*key), row)
 
     def get_many(self, keys: Iterable[CacheKey]) -> dict[CacheKey, ProbeResult]:
         """The hits among ``keys``, read in one transaction (misses are absent)."""
@@ -269,16 +333,18 @@ class ProbeCache(SQLiteFile, BaseCache):
         if not groups:
             return out
 
-        def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any, Any]]:
+        def read(conn: sqlite3.Connection) -> list[tuple[CacheKey, Any]]:
             # One statement per (config, device, stack): a selection reads all its candidates
             # at once. Several statements share one read transaction.
-            def collect() -> list[tuple[CacheKey, Any, Any]]:
+            sql = self._q.get_config
+
+            def collect() -> list[tuple[CacheKey, Any]]:
                 found = []
                 for (config_key, ctx), wanted in groups.items():
-                    for backend, crc, data in conn.execute(_GET_CONFIG, (config_key, ctx)):
-                        k = wanted.get(backend)
+                    for r in conn.execute(sql, (config_key, ctx)):
+                        k = wanted.get(r[0])
                         if k is not None:
-                            found.append((k, crc, data))
+                            found.append((k, r[1:]))
                 return found
 
             if len(groups) == 1:  # one statement: its own read transaction
@@ -290,8 +356,8 @@ class ProbeCache(SQLiteFile, BaseCache):
                 conn.execute("COMMIT")
 
         decode = self._decode
-        for key, crc, data in self.run(read, write=False, miss=[]):
-            result = decode(key, crc, data)
+        for key, row in self.run(read, write=False, miss=[]):
+            result = decode(key, row)
             if result is not None:
                 out[key] = result
         return out
@@ -300,9 +366,8 @@ class ProbeCache(SQLiteFile, BaseCache):
         """The stored rows (with bookkeeping) among ``keys``, read in one transaction."""
         keys = [CacheKey(*k) for k in keys]
         out: dict[CacheKey, CacheRow] = {}
-        sql = _ROWS + " WHERE p.config_key=? AND p.backend=? AND p.ctx=?"
-
         def read(conn: sqlite3.Connection) -> list[Any]:
+            sql = self._q.rows + " WHERE p.config_key=? AND p.backend=? AND p.ctx=?"
             conn.execute("BEGIN")
             try:
                 return [conn.execute(sql, (k[0], k[1], ctx_id(k[2], k[3]))).fetchone()
@@ -330,13 +395,21 @@ class ProbeCache(SQLiteFile, BaseCache):
         probe = ("0" * 64, 0)
 
         def touch(conn: sqlite3.Connection) -> None:
-            conn.execute(_GET_CONFIG, probe).fetchall()
-            conn.execute(_GET, (probe[0], "unfused", probe[1])).fetchall()
+            conn.execute(self._q.get_config, probe).fetchall()
+            conn.execute(self._q.get, (probe[0], "unfused", probe[1])).fetchall()
 
         self.run(touch, write=False, miss=None)
         key = CacheKey("0" * 64, "flash", "0" * 64, "0" * 64)
+        full = (row_crc_bytes(key, _WARM_ROW), _WARM_ROW, None, None, None, None, None, None)
+        t, *rest = split_result(_WARM_ROW.decode(), "flash", 1, "rule", 0.25) or ()
+        rid, template = t.rid, t.text.encode()
+        ctx = ctx_id(key[2], key[3])
+        compact = (compact_crc(key[0], key[1], ctx, rid, 0.25, *rest), b"", rid, 0.25, *rest,
+                   template)  # fmt: skip
         for _ in range(8):  # a few runs: the interpreter specialises code that ran a few times
-            self._decode(key, row_crc_bytes(key, _WARM_ROW), _WARM_ROW)
+            self._decode(key, full)
+            self._decode(key, compact)
+        self._parts.pop(rid, None)
 
     def iter_rows(
         self,
@@ -368,10 +441,10 @@ class ProbeCache(SQLiteFile, BaseCache):
             if last is not None:
                 clauses.append("(p.config_key, p.backend, p.ctx) > (?, ?, ?)")
                 args += list(last)
-            sql = _ROWS + (" WHERE " + " AND ".join(clauses) if clauses else "")
+            sql = (" WHERE " + " AND ".join(clauses) if clauses else "")
             sql += " ORDER BY p.config_key, p.backend, p.ctx LIMIT ?"
             args.append(page)
-            batch = self.run(lambda c, q=sql, a=args: c.execute(q, a).fetchall(),
+            batch = self.run(lambda c, q=sql, a=args: c.execute(self._q.rows + q, a).fetchall(),
                                write=False, miss=[])  # fmt: skip
             for r in batch:
                 row = self._row_from_db(r)
@@ -391,12 +464,13 @@ class ProbeCache(SQLiteFile, BaseCache):
 
     def recent(self, limit: int, *, backend: str | None = None) -> list[CacheRow]:
         """The ``limit`` most recently stored rows (``limit <= 0``: all), newest first."""
-        sql = _ROWS + (" WHERE p.backend = ?" if backend is not None else "")
+        sql = " WHERE p.backend = ?" if backend is not None else ""
         sql += " ORDER BY p.created_at DESC" + (" LIMIT ?" if limit > 0 else "")
         args: list[Any] = [backend] if backend is not None else []
         if limit > 0:
             args.append(limit)
-        found = self.run(lambda c: c.execute(sql, args).fetchall(), write=False, miss=[])
+        found = self.run(lambda c: c.execute(self._q.rows + sql, args).fetchall(), write=False,
+                         miss=[])  # fmt: skip
         rows = [row for row in map(self._row_from_db, found) if row is not None]
         memo = [self._memo_row(row) for row, _ in self._memo.values()
                 if backend in (None, row.key.backend)]  # fmt: skip
@@ -407,19 +481,29 @@ class ProbeCache(SQLiteFile, BaseCache):
         return rows[:limit] if limit > 0 else rows
 
     def _row_from_db(self, r: tuple[Any, ...]) -> CacheRow | None:
-        """A row from a ``_ROWS`` query; ``None`` (counted, warned once) if damaged."""
+        """A row from a ``rows`` query (:class:`_Queries`); ``None`` (counted, warned once) if
+        damaged."""
         try:
-            ck, backend, _ctx, created, pkg, crc, text, fp, vk, device, config = r
+            ck, backend, _ctx, created, pkg, crc, text, fp, vk, device, config = r[:11]
+            rid, elapsed, e1, e2, e3, template, base_id, base = r[11:]
             if fp is None and vk is None:
                 return None  # no context row: cannot name its key
             if not all(isinstance(x, str) for x in (ck, backend, fp, vk, text)):
                 raise TypeError("damaged column types")
             key = CacheKey(ck, backend, fp, vk)
-            result = loads_dict(text) if row_crc(key, text) == crc else None
+            if rid is None:
+                result = loads_dict(text) if row_crc(key, text) == crc else None
+            else:
+                data = template.encode() if isinstance(template, str) else None
+                row = (crc, None, rid, elapsed, e1, e2, e3, data)
+                result = loads_dict(self._text(key, row).decode())
             if result is None:
                 raise ValueError("checksum mismatch")
-            return CacheRow(key, result, float(created), str(pkg), loads_dict(config),
-                            loads_dict(device))  # fmt: skip
+            cfg = loads_dict(config)
+            if base_id is not None and cfg is not None:  # (its base gone: a damaged file)
+                fields = loads_dict(base)
+                cfg = join_config(fields, cfg) if fields is not None else None
+            return CacheRow(key, result, float(created), str(pkg), cfg, loads_dict(device))
         except (TypeError, ValueError):
             self._bad_row()
             return None
@@ -480,7 +564,7 @@ class ProbeCache(SQLiteFile, BaseCache):
             with contextlib.suppress(OSError):
                 size += os.stat(f"{self.path}{suffix}").st_size
         return {"path": str(self.path), "mode": self.mode, "size_bytes": size,
-                "schema_version": SCHEMA_VERSION, **out}  # fmt: skip
+                "schema_version": getattr(self, "schema", SCHEMA_VERSION), **out}  # fmt: skip
 
     # ---------------------------------------------------------------- writes
     def put_many(
@@ -509,43 +593,53 @@ class ProbeCache(SQLiteFile, BaseCache):
         self, rows: list[CacheRow], params: list[tuple[Any, ...]], on_conflict: OnConflict
     ) -> int | None:
         ctxs: dict[int, tuple[Any, ...]] = {}
-        cfgs: dict[str, str] = {}
+        cfgs: dict[str, tuple[str, Any]] = {}
         for row, p in zip(rows, params, strict=True):
             ctx = p[2]
             if row.device is not None or ctx not in ctxs:
                 ctxs[ctx] = (ctx, row.key.device_fp, row.key.versions_key,
                              dumps(row.device) if row.device is not None else None)  # fmt: skip
             if row.config is not None and row.key.config_key not in cfgs:
-                cfgs[row.key.config_key] = dumps(row.config)
+                cfgs[row.key.config_key] = (dumps(row.config), row.config)
         return self._write_params(params, ctxs, cfgs, on_conflict)
 
     def _write_params(
         self, params: list[tuple[Any, ...]], ctxs: dict[int, tuple[Any, ...]],
-        cfgs: dict[str, str], on_conflict: OnConflict,
+        cfgs: dict[str, tuple[str, Any]], on_conflict: OnConflict,
     ) -> int | None:  # fmt: skip
-        """Write rows given as ``probes`` parameters, with their ``contexts``/``configs`` rows,
-        in one transaction; the number written, or ``None`` if the store cannot be written."""
+        """Write rows given as :func:`.rows.row_params`, with their ``contexts``/``configs`` rows
+        (``cfgs``: key -> (JSON, fields)), in one transaction, in the compact layout where a row
+        or config fits it (:mod:`.compact`); the number written, or ``None`` if the store cannot
+        be written."""
         sql = _INSERT[on_conflict]
+        rows, templates = compact_params(params)
 
         def write(conn: sqlite3.Connection) -> int:
+            if getattr(self, "schema", 2) < 2:  # (a schema-1 file is only ever read)
+                raise sqlite3.OperationalError("attempt to write a readonly database")
             known = self._known_ctx
             new_ctx = [v for k, v in ctxs.items()
                        if k not in known or (v[3] is not None and not known[k])]  # fmt: skip
-            new_cfg = [kv for kv in cfgs.items() if kv[0] not in self._known_cfg]
-            if len(params) == 1 and not new_ctx and not new_cfg:
-                n = conn.execute(sql, params[0]).rowcount  # one statement, autocommit
-                verify_written(conn, params)
+            new_cfg, bases = compact_configs(
+                [(k, v) for k, v in cfgs.items() if k not in self._known_cfg])
+            if len(rows) == 1 and not new_ctx and not new_cfg and not templates:
+                n = conn.execute(sql, rows[0]).rowcount  # one statement, autocommit
+                verify_written(conn, rows)
                 return n
-            with _write_txn(conn):
+            with write_txn(conn):
                 if new_ctx:
                     conn.executemany(_INSERT_CTX, new_ctx)
+                if bases:  # (always with the rows that use them: a prune may have removed them)
+                    conn.executemany(_INSERT_BASE, bases)
                 if new_cfg:
                     conn.executemany(_INSERT_CFG, new_cfg)
-                n = conn.executemany(sql, params).rowcount
-                verify_written(conn, params)
+                if templates:
+                    conn.executemany(INSERT_TEMPLATE, templates)
+                n = conn.executemany(sql, rows).rowcount
+                verify_written(conn, rows)
             for v in new_ctx:
                 known[v[0]] = known.get(v[0], False) or v[3] is not None
-            self._known_cfg.update(k for k, _ in new_cfg)
+            self._known_cfg.update(k for k, *_ in new_cfg)
             return n
 
         n = self.run(write, write=True, miss=-1)
@@ -573,11 +667,12 @@ class ProbeCache(SQLiteFile, BaseCache):
             args.extend(sorted(keep))
 
         def delete(conn: sqlite3.Connection) -> int:
-            with _write_txn(conn):
+            with write_txn(conn):
                 n = conn.execute("DELETE FROM probes WHERE " + " OR ".join(clauses),
                                  args).rowcount  # fmt: skip
                 conn.execute("DELETE FROM configs WHERE config_key NOT IN "
                              "(SELECT config_key FROM probes)")  # fmt: skip
+                _drop_unused(conn)
             self._known_cfg.clear()
             return n
 
@@ -589,9 +684,10 @@ class ProbeCache(SQLiteFile, BaseCache):
         """Delete every row (and compact the file when nobody is using it); returns how many."""
 
         def delete(conn: sqlite3.Connection) -> int:
-            with _write_txn(conn):
+            with write_txn(conn):
                 n = conn.execute("DELETE FROM probes").rowcount
                 conn.execute("DELETE FROM configs")
+                _drop_unused(conn)
             self._known_cfg.clear()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("VACUUM")
@@ -641,7 +737,7 @@ class BulkWriter:
         self.on_conflict: OnConflict = on_conflict
         self.params: list[tuple[Any, ...]] = []
         self._ctxs: dict[int, tuple[Any, ...]] = {}
-        self._cfgs: dict[str, str] = {}
+        self._cfgs: dict[str, tuple[str, Any]] = {}
 
     def __len__(self) -> int:
         return len(self.params)
@@ -654,7 +750,7 @@ class BulkWriter:
             self._ctxs[ctx] = (ctx, row.key.device_fp, row.key.versions_key,
                                None if device is None else _json.dumps_loaded(device, plain))
         if config is not None and p[0] not in self._cfgs:
-            self._cfgs[p[0]] = _json.dumps_loaded(config, plain)
+            self._cfgs[p[0]] = (_json.dumps_loaded(config, plain), config)
 
     def flush(self) -> int:
         """Write what was added; returns how many rows were written (kept in memory when the
@@ -674,15 +770,60 @@ class BulkWriter:
 
 
 def _row_from_params(p: tuple[Any, ...], ctxs: dict[int, tuple[Any, ...]],
-                     cfgs: dict[str, str]) -> CacheRow:  # fmt: skip
+                     cfgs: dict[str, tuple[str, Any]]) -> CacheRow:  # fmt: skip
     """The :class:`CacheRow` a :class:`BulkWriter` row stands for (to keep it in memory)."""
     ck, backend, ctx, _, _, _, created, pkg, _, text = p
     _, fp, vk, device = ctxs[ctx]
+    cfg = cfgs.get(ck)
     return CacheRow(CacheKey(ck, backend, fp, vk), json.loads(text), created, pkg,
-                    loads_dict(cfgs.get(ck)), loads_dict(device), text)  # fmt: skip
+                    loads_dict(cfg[0] if cfg else None), loads_dict(device), text)  # fmt: skip
+
+
+def compact_params(params: list[tuple[Any, ...]]
+                    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:  # fmt: skip
+    """:func:`.rows.row_params` as ``probes`` rows of schema 2 (compact where the result fits
+    its template, else in full), and the templates they use."""
+    rows, templates = [], {}
+    for p in params:
+        ck, backend, ctx, supported, stage, elapsed, created, pkg, crc, text = p
+        split = split_result(text, backend, supported, stage, elapsed)
+        if split is None:
+            rows.append((*p, None, None, None, None))
+            continue
+        t, e1, e2, e3 = split
+        templates[t.rid] = t
+        rows.append((ck, backend, ctx, supported, stage, elapsed, created, pkg,
+                     compact_crc(ck, backend, ctx, t.rid, elapsed, e1, e2, e3), "", t.rid,
+                     e1, e2, e3))  # fmt: skip
+    return rows, list(templates.values())
+
+
+def compact_configs(cfgs: list[tuple[str, tuple[str, Any]]]
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, str]]]:  # fmt: skip
+    """``configs`` rows of schema 2 (the fields that differ from the base, else in full) and
+    the bases they use."""
+    rows, bases = [], {}
+    for ck, (text, fields) in cfgs:
+        split = split_config(fields, text) if isinstance(fields, Mapping) else None
+        if split is None:
+            rows.append((ck, text, None))
+            continue
+        bid, base, diff = split
+        bases[bid] = base
+        rows.append((ck, diff, bid))
+    return rows, list(bases.items())
 
 
 # ------------------------------------------------------------------------------------- helpers
+def _drop_unused(conn: sqlite3.Connection) -> None:
+    """Delete the templates and base configs no row or config uses (in a write transaction: a
+    writer stores a row's template with the row, so none is lost to a concurrent prune)."""
+    conn.execute("DELETE FROM templates WHERE rid NOT IN (SELECT rid FROM probes WHERE rid IS"
+                 " NOT NULL)")  # fmt: skip
+    conn.execute("DELETE FROM bases WHERE base NOT IN (SELECT base FROM configs WHERE base IS"
+                 " NOT NULL)")  # fmt: skip
+
+
 def verify_written(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None:
     """Look up (a sample of) the rows just written: a damaged b-tree can lose them silently."""
     step = max(1, len(params) // 32)

@@ -122,7 +122,9 @@ def test_zero_length_file_is_a_new_store(tmp_path, cache_log):
     cache.close()
     conn = sqlite3.connect(path)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables == {"meta", "contexts", "configs", "probes"}
+    assert tables == {"meta", "contexts", "configs", "probes", "templates", "bases"}
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == _lifecycle.SCHEMA_VERSION == 2
+    conn.close()
 
 
 def _page_size(path: Path) -> int:
@@ -179,39 +181,39 @@ def _foreign_db(path: Path) -> None:
     conn.close()
 
 
-def _extra_table(path: Path) -> None:
+def _stored_then(path: Path, *statements: str) -> None:
+    """A store holding one row, then ``statements`` run on its file by another writer."""
     ProbeCache(path).put(key(1), result(1))
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE surprise (x)")
+    for sql in statements:
+        conn.execute(sql)
     conn.commit()
     conn.close()
+
+
+def _extra_table(path: Path) -> None:
+    _stored_then(path, "CREATE TABLE surprise (x)")
 
 
 def _newer_user_version(path: Path) -> None:
-    ProbeCache(path).put(key(1), result(1))
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version=99")
-    conn.close()
+    _stored_then(path, "PRAGMA user_version=99")
 
 
 def _newer_meta(path: Path) -> None:
-    ProbeCache(path).put(key(1), result(1))
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='2' WHERE name='schema_version'")
-    conn.commit()
-    conn.close()
+    _stored_then(path, "UPDATE meta SET value='3' WHERE name='schema_version'")
+
+
+def _older_meta(path: Path) -> None:
+    """``user_version`` 2 (schema-2 tables) but ``meta`` says 1: not a schema we know."""
+    _stored_then(path, "UPDATE meta SET value='1' WHERE name='schema_version'")
 
 
 def _missing_table(path: Path) -> None:
-    ProbeCache(path).put(key(1), result(1))
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE configs")
-    conn.commit()
-    conn.close()
+    _stored_then(path, "DROP TABLE configs")
 
 
 @pytest.mark.parametrize("make", [_foreign_db, _extra_table, _newer_user_version, _newer_meta,
-                                  _missing_table])  # fmt: skip
+                                  _older_meta, _missing_table])  # fmt: skip
 def test_foreign_or_newer_schema(tmp_path, cache_log, make):
     path = tmp_path / "odd.sqlite"
     make(path)

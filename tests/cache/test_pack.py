@@ -4,7 +4,6 @@ rule (a pack row cannot widen what the local rules refuse)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -17,11 +16,19 @@ import threading
 import time
 
 import pytest
-from cache_testutil import FP, ROOT, VK, key, result
+from cache_testutil import (
+    FP,
+    ROOT,
+    VK,
+    export_fp32_pack,
+    import_and_assert_fused_refused,
+    key,
+    result,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from te_fl_attention.cache import ProbeCache, pack, transfer
+from te_fl_attention.cache import ProbeCache, compact, pack, transfer
 from te_fl_attention.cache import rows as rows_mod
 from te_fl_attention.cache.keys import CacheKey
 from te_fl_attention.cache.rows import MAX_ROW, row_crc
@@ -61,11 +68,24 @@ def _edit(path, *sql: str, params=()) -> None:
 
 
 def _resign(ck: str, text: str, columns: str = "") -> str:
-    """SQL that gives config ``ck``'s fused row of a pack the result ``text`` with its right
-    checksum (and ``columns``, more ``SET`` assignments)."""
+    """SQL that makes config ``ck``'s fused row of a pack a full row (no template) of result
+    ``text`` with its right checksum (and ``columns``, more ``SET`` assignments)."""
     crc = row_crc(CacheKey(ck, "fused", FP, VK), text)
-    return (f"UPDATE probes SET result = '{text}', crc = {crc}{columns} WHERE config_key = '{ck}'"
-            " AND backend = 'fused'")  # fmt: skip
+    return (f"UPDATE probes SET result = '{text}', crc = {crc}, rid = NULL, e1 = NULL, e2 = NULL,"
+            f" e3 = NULL{columns} WHERE config_key = '{ck}' AND backend = 'fused'")  # fmt: skip
+
+
+def _results(conn: sqlite3.Connection, where: str) -> list[tuple[str, int, str]]:
+    """``(config_key, ctx, result text)`` of a pack's rows matching ``where`` (on ``p``), a
+    compact row's text rebuilt from its template."""
+    out = []
+    for ck, ctx, text, template, *values in conn.execute(
+            "SELECT p.config_key, p.ctx, p.result, t.template, p.elapsed_ms, p.e1, p.e2, p.e3"
+            f" FROM probes p LEFT JOIN templates t ON t.rid = p.rid WHERE {where}"):  # fmt: skip
+        if template is not None:
+            text = compact.expand(compact.pieces(template.encode()), *values).decode()
+        out.append((ck, ctx, text))
+    return out
 
 
 def _count(path) -> int:
@@ -110,6 +130,11 @@ def test_the_pack_schema_carries_the_checks(packed):
         conn.execute("UPDATE probes SET created_at = -1")
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute("UPDATE probes SET result = '{\"backend\": \"evil\"}'")
+    with pytest.raises(sqlite3.IntegrityError):  # (a full row's text is checked as in format 1)
+        conn.execute("UPDATE probes SET result = '{\"backend\": \"evil\"}', rid = NULL,"
+                     " e1 = NULL, e2 = NULL, e3 = NULL")  # fmt: skip
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE templates SET holes = 9")
     conn.close()
 
 
@@ -224,8 +249,8 @@ HOSTILE = {
     "view": ["CREATE VIEW v AS SELECT * FROM probes"],
     "extra_table": ["CREATE TABLE extra (x)"],
     "extra_index": ["CREATE INDEX i ON probes (created_at)"],
-    "newer_version": ["UPDATE meta SET value = '2' WHERE name = 'format_version'",
-                      "PRAGMA user_version = 2"],
+    "newer_version": ["UPDATE meta SET value = '3' WHERE name = 'format_version'",
+                      "PRAGMA user_version = 3"],
     "row_count": ["UPDATE meta SET value = '7' WHERE name = 'rows'"],
     "no_checks": ["UPDATE sqlite_master SET sql = replace(sql, 'CHECK (typeof(crc)',"
                   " 'CHECK (1 OR typeof(crc)') WHERE name = 'probes'"],  # valid SQL, weakened
@@ -241,7 +266,7 @@ REFUSALS = {
     "view": "unexpected schema objects: view v",
     "extra_table": "unexpected schema objects: table extra",
     "extra_index": "unexpected schema objects: index i",
-    "newer_version": r"format_version 2 is not supported \(this package reads 1\)",
+    "newer_version": r"format_version 3 is not supported \(this package reads 1, 2\)",
     "row_count": "the pack holds 40 rows, its meta says 7",
     "no_checks": "table probes is not the pack's table",
     "bad_context": "context [0-9]+ is not the id of its device and software stack",
@@ -395,8 +420,9 @@ def test_import_into_a_full_store_reports_nothing_written(small_disk, tmp_path):
     from te_fl_attention.cli import cache as cmd
 
     src = ProbeCache(tmp_path / "src.sqlite")
-    big = {"detail": {"blob": "x" * 2000}}
-    src.put_many([(key(i), ProbeResult("fused", True, **big)) for i in range(2000)])
+    # (a distinct detail per row: rows sharing a template would make a small pack)
+    src.put_many([(key(i), ProbeResult("fused", True, detail={"blob": f"{i}" + "x" * 2000}))
+                  for i in range(2000)])  # fmt: skip
     pack.export_pack(src, tmp_path / "big.pack")
     store = ProbeCache(small_disk / "s.sqlite")
     store.put(key(9999), result(9999))
@@ -477,40 +503,20 @@ def test_a_pack_row_claiming_fused_for_fp32_cannot_make_select_choose_it(tmp_pat
     """As for JSON Lines (tests/test_selector_trust.py): a pack whose fused row for an fp32
     config on h100 claims supported (checksum and columns made consistent) imports fine, yet
     ``explain`` and ``select()`` still refuse fused: the rule stage narrows it at use."""
-    from te_fl_attention import FusedAttnConfig, Policy, cli, selector
-
-    argv = ["explain", "--dtype", "fp32", "--seqlen", "256", "--num-heads", "8", "--device",
-            "h100", "--json"]  # fmt: skip
-    new_job("a.sqlite")
-    assert cli.main(argv) == 0
-    capsys.readouterr()
     out = tmp_path / "rows.pack"
-    assert cli.main(["cache", "export", "--format", "sqlite", str(out)]) == 0
+    export_fp32_pack(new_job, capsys, out)
     conn = sqlite3.connect(out, isolation_level=None)
-    (ck, ctx, text), = conn.execute(
-        "SELECT config_key, ctx, result FROM probes WHERE backend = 'fused'").fetchall()
+    (ck, ctx, text), = _results(conn, "p.backend = 'fused'")
     fp, vk = conn.execute("SELECT device_fp, versions_key FROM contexts WHERE ctx = ?",
                           (ctx,)).fetchone()  # fmt: skip
     res = json.loads(text)
     res.update(supported=True, reasons=[], stage="graph_build")
     text = json.dumps(res, separators=(",", ":"))
-    conn.execute("UPDATE probes SET result = ?, supported = 1, stage = 'graph_build', crc = ?"
-                 " WHERE backend = 'fused'",
+    conn.execute("UPDATE probes SET result = ?, supported = 1, stage = 'graph_build', crc = ?,"
+                 " rid = NULL, e1 = NULL, e2 = NULL, e3 = NULL WHERE backend = 'fused'",
                  (text, row_crc(CacheKey(ck, "fused", fp, vk), text)))  # fmt: skip
     conn.close()
-    new_job("b.sqlite")
-    assert cli.main(["cache", "import", str(out)]) == 0
-    assert "imported 4" in capsys.readouterr().out
-    new_job()
-    assert cli.main(argv) == 0
-    got = json.loads(capsys.readouterr().out)
-    assert got["chosen"] != "fused"
-    fused = next(r for r in got["results"] if r["backend"] == "fused")
-    assert not fused["supported"] and fused["reasons"][0]["code"] == "fused.dtype"
-    new_job()
-    fp32 = FusedAttnConfig(dtype="fp32", max_seqlen_q=256, num_heads=8)
-    d = selector.select(fp32, "h100", Policy())
-    assert d.chosen != "fused" and selector.default_selector().stats["cache_hits"] == 4
+    import_and_assert_fused_refused(new_job, capsys, out)
 
 
 # --------------------------------------------------------------------------- the pipelined copy
@@ -577,19 +583,30 @@ def test_a_pack_that_changes_while_it_is_read_is_refused(packed, tmp_path, monke
     assert len(fresh) == 0 and len(calls) == 2
 
 
-def test_rows_out_of_key_order_refuse_the_pack():
+def test_rows_out_of_key_order_refuse_the_pack(packed):
     """The checks read in key order and hand on ranges of keys; a scan out of order (a damaged
     b-tree) could copy a row before its check, so it refuses the pack."""
-    ctxs = {7: (FP, VK)}
-    a, b = (hashlib.sha256(s).hexdigest().encode() for s in (b"a", b"b"))
-    lo, hi = sorted((a, b))
-    rows = [(hi, b"fused", 7, 0, 1, b"rule", b"{}", 1), (lo, b"fused", 7, 0, 1, b"rule", b"{}", 1)]
+    _, path = packed
+    first = min(key(i)[0] for i in range(20))
+    _edit(path, "UPDATE probes SET crc = crc + 1 WHERE config_key = ? AND backend = 'flash'",
+          params=(first,))  # fmt: skip
+    conn = sqlite3.connect(":memory:")
+    try:  # two rows of two configs, as the checking scan reads them
+        conn.execute("ATTACH ? AS pk", (f"file:{path}?mode=ro",))
+        found = pack._check_pack(conn)
+        scan = conn.execute(pack._scan(found.version, pack._rows_where(found.contexts,
+                                                                      found.version)))  # fmt: skip
+        rows = [next(scan), next(r for r in scan if r[0] != first.encode())]
+    finally:
+        conn.close()
+    lo, hi = rows[0][:3], rows[1][:3]
+    assert lo == (first.encode(), b"flash", rows[0][2]) and hi[0] > lo[0]
     check = pack._Pass()
     with pytest.raises(pack.PackError, match="key order"):
-        check.rows(iter(rows), ctxs, lambda *a: None)
+        check.rows(iter(rows[::-1]), found.contexts, found.templates, lambda *a: None)
     sent = []
-    pack._Pass().rows(iter(rows[::-1]), ctxs, lambda *a: sent.append(a))
-    assert sent == [("", None, [(lo, b"fused", 7), (hi, b"fused", 7)])]  # bad crc: both skipped
+    pack._Pass().rows(iter(rows), found.contexts, found.templates, lambda *a: sent.append(a))
+    assert sent == [("", None, [lo])]  # in order: checked, the bad checksum left out
 
 
 _SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
@@ -636,23 +653,43 @@ def test_the_integrity_check_runs_beside_the_row_checks_and_its_refusal_applies_
     assert seen == [1] and len(fresh) == 1 and fresh.check_integrity() is None
 
 
+def _pages(path, *tables: str) -> list[int]:
+    """The pages (numbered from 1) of a pack's ``tables``, as SQLite's ``dbstat`` lists them."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [p for p, in conn.execute("SELECT pageno FROM dbstat WHERE name IN"
+                                          f" ({','.join('?' * len(tables))})", tables)]  # fmt: skip
+    except sqlite3.OperationalError:
+        pytest.skip("needs SQLite's dbstat table")
+    finally:
+        conn.close()
+
+
+def _garble(data: bytes, page: int, pages: list[int], seed: int) -> bytes:
+    """``data`` with 200 random bytes written inside each of ``pages`` (past its header)."""
+    bad = bytearray(data)
+    rng = random.Random(seed)
+    for i in pages:
+        start = (i - 1) * page + rng.randrange(8, page - 300)
+        bad[start:start + 200] = rng.randbytes(200)
+    return bytes(bad)
+
+
 def test_a_damaged_pack_is_refused_by_its_integrity_check_whatever_the_row_checks_met(
         packed, tmp_path):  # fmt: skip
-    """Table pages garbled past the schema page: the row checks may meet anything (an SQLite
-    error, rows out of order, bad checksums); the refusal is the one ``quick_check`` gives,
-    as SQLite's own ``quick_check`` of the file says (its report, or its error)."""
+    """The pages of the row tables (probes, configs) garbled: the row checks may meet anything
+    (an SQLite error, rows out of order, bad checksums); the refusal is the one ``quick_check``
+    gives, as SQLite's own ``quick_check`` of the file says (its report, or its error)."""
     _, path = packed
-    data = bytearray(path.read_bytes())
+    data = path.read_bytes()
     page = int.from_bytes(data[16:18], "big")
+    rows = _pages(path, "probes", "configs")
+    assert len(rows) >= 3
     fresh = ProbeCache(tmp_path / "fresh.sqlite")
     bad_path = tmp_path / "bad.pack"
-    for seed in range(6):
-        bad = bytearray(data)
-        rng = random.Random(seed)
-        for i in range(1, len(bad) // page):
-            start = i * page + rng.randrange(8, page - 300)
-            bad[start:start + 200] = rng.randbytes(200)
-        bad_path.write_bytes(bytes(bad))
+    damaged = 0
+    for seed in range(12):
+        bad_path.write_bytes(_garble(data, page, rows, seed))
         conn = sqlite3.connect(f"file:{bad_path}?mode=ro", uri=True)
         try:
             found = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
@@ -661,11 +698,37 @@ def test_a_damaged_pack_is_refused_by_its_integrity_check_whatever_the_row_check
             found, expected = [], f"cannot read the pack: {exc}"
         finally:
             conn.close()
-        assert found != ["ok"]
+        if found == ["ok"]:  # (only free space or cell text garbled: the row checks' matter)
+            continue
+        damaged += 1
         with pytest.raises(pack.PackError) as refused:
             transfer.import_(fresh, bad_path)
         assert str(refused.value).startswith(expected), (seed, str(refused.value))
-    assert len(fresh) == 0
+    assert damaged >= 8 and len(fresh) == 0
+
+
+def test_a_damaged_templates_page_is_refused_before_any_row_is_read(packed, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    """Format 2's whole-pack checks read every template before the rows (and before the
+    ``quick_check``): a garbled templates page refuses the pack there (SQLite's report of the
+    damage, or a template whose text is not its id's), no row checked, nothing applied."""
+    _, path = packed
+    data = path.read_bytes()
+    page = int.from_bytes(data[16:18], "big")
+    templates = _pages(path, "templates")
+    assert len(templates) >= 2
+    scans: list[object] = []
+    monkeypatch.setattr(pack._Pass, "rows", lambda *a, **k: scans.append(a))
+    fresh = ProbeCache(tmp_path / "fresh.sqlite")
+    fresh.put(key(1000), result(1000))
+    bad_path = tmp_path / "bad.pack"
+    for seed in range(6):
+        bad_path.write_bytes(_garble(data, page, templates, seed))
+        with pytest.raises(pack.PackError) as refused:
+            transfer.import_(fresh, bad_path)
+        assert re.match(r"cannot read the pack: |template [0-9]+ is not the template its id"
+                        r" names$", str(refused.value)), (seed, str(refused.value))  # fmt: skip
+    assert scans == [] and len(fresh) == 1 and fresh.check_integrity() is None
 
 
 @pytest.mark.parametrize("claimed", [39, 41, 0])

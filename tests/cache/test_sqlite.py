@@ -7,7 +7,7 @@ import sqlite3
 import time
 
 import pytest
-from cache_testutil import FP, VK, key, result
+from cache_testutil import FP, VK, full_result, key, result
 
 from te_fl_attention.cache import (
     CacheKey,
@@ -107,12 +107,23 @@ def test_reopen_keeps_data(store_path):
         assert c.mode == "rw"
 
 
-def test_damaged_row_reads_as_a_miss(store, store_path, cache_log):
-    store.put(key(1), result(1))
-    store.put(key(2), result(2))
+# A full row's text, or a compact row's template, edited: "supported" flips.
+_FLIP = {
+    "full": "UPDATE probes SET result = replace(result, 'true', 'false')",
+    "compact": "UPDATE templates SET template = replace(template, 'true', 'false')",
+}
+
+
+@pytest.mark.parametrize("layout", ["full", "compact"])
+def test_damaged_row_reads_as_a_miss(store, store_path, cache_log, layout):
+    make = full_result if layout == "full" else result
+    store.put(key(1), make(1))
+    store.put(key(2), make(2))
     store.close()
     conn = sqlite3.connect(store_path)
-    conn.execute("UPDATE probes SET result = replace(result, 'true', 'false')")
+    full = conn.execute("SELECT count(*) FROM probes WHERE rid IS NULL").fetchone()[0]
+    assert full == (2 if layout == "full" else 0)
+    assert conn.execute(_FLIP[layout]).rowcount == 2
     conn.commit()
     conn.close()
     assert store.get(key(1)) is None  # checksum no longer matches: a miss, not a wrong hit

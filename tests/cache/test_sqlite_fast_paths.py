@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from cache_testutil import FP, key, result
+from cache_testutil import FP, full_result, key, result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,23 +117,40 @@ def _raw(store: ProbeCache, sql: str, args: tuple = ()) -> list:
         conn.close()
 
 
+@pytest.mark.parametrize("layout", ["full", "compact"])
 @pytest.mark.parametrize("damage", ["invalid-utf8", "same-length-edit", "blob"])
-def test_damaged_result_bytes_read_as_a_miss(store, damage, cache_log):
-    store.put(key(1), result(1))
-    store.put(key(2), result(2))
+def test_damaged_result_bytes_read_as_a_miss(store, damage, layout, cache_log):
+    """The stored text a lookup checksums and parses: a full row's ``result``, a compact row's
+    template (shared by its rows; key(2) has another)."""
+    make = full_result if layout == "full" else result
+    store.put(key(1), make(1))
+    store.put(key(2), make(2))
     store.close()
-    text = _raw(store, "SELECT result FROM probes WHERE config_key=?", (key(1).config_key,))[0][0]
+    # key(2)'s template id, then key(1)'s
+    (other,), (rid,) = _raw(store, "SELECT rid FROM probes ORDER BY config_key = ?",
+                            (key(1).config_key,))  # fmt: skip
+    if layout == "full":
+        assert rid is None and other is None
+        text = _raw(store, "SELECT result FROM probes WHERE config_key=?",
+                    (key(1).config_key,))[0][0]  # fmt: skip
+        where, arg = "UPDATE probes SET result={} WHERE config_key=?", key(1).config_key
+    else:
+        assert rid is not None and other is not None and rid != other
+        text = _raw(store, "SELECT template FROM templates WHERE rid=?", (rid,))[0][0]
+        where, arg = "UPDATE templates SET template={} WHERE rid=?", rid
     if damage == "invalid-utf8":
         new: Any = text.encode()[:-3] + b"\xff\xfe}"
-        sql = "UPDATE probes SET result=CAST(? AS TEXT) WHERE config_key=?"
+        sql = where.format("CAST(? AS TEXT)")
     elif damage == "same-length-edit":
-        new, sql = text.replace("true", "fals"), "UPDATE probes SET result=? WHERE config_key=?"
+        new, sql = text.replace("true", "fals"), where.format("?")
+        assert new != text
     else:
-        new, sql = text.encode(), "UPDATE probes SET result=? WHERE config_key=?"  # right bytes,
+        new, sql = text.encode(), where.format("?")  # right bytes,
         # wrong type: damaged as before (iter_rows skips it too)
-    _raw(store, sql, (new, key(1).config_key))
-    assert store.get(key(1)) is None and store.get_many([key(1), key(2)]) == {key(2): result(2)}
+    _raw(store, sql, (new, arg))
+    assert store.get(key(1)) is None and store.get_many([key(1), key(2)]) == {key(2): make(2)}
     assert store._bad_rows >= 2 and any("damaged row" in m for m in cache_log.at(30))
+    assert [r.key for r in store.iter_rows()] == [key(2)]
 
 
 def test_get_many_takes_plain_tuples_and_several_devices(store):
