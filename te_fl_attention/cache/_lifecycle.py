@@ -468,7 +468,8 @@ class SQLiteFile:
         """Schema 1 to 2 in one write transaction (the rows are kept as they are: schema 2 reads
         them); nothing when another process migrated it meanwhile."""
         with write_txn(conn):
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+            migrate = conn.execute("PRAGMA user_version").fetchone()[0] == 1
+            if migrate:
                 for sql in (*_MIGRATE_2, *_NEW_2.values()):
                     conn.execute(sql)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -476,7 +477,9 @@ class SQLiteFile:
                              (str(SCHEMA_VERSION),))  # fmt: skip
                 conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('migrated_at', ?)",
                              (repr(time.time()),))  # fmt: skip
-        log.info("probe cache %s: schema 1 migrated to %d (rows kept)", self.path, SCHEMA_VERSION)
+        if migrate:
+            log.info("probe cache %s: schema 1 migrated to %d (rows kept)", self.path,
+                     SCHEMA_VERSION)  # fmt: skip
 
     def _set_wal(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]

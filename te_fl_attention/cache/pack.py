@@ -107,7 +107,7 @@ from .rows import (
     validate_flat,
     validate_row,
 )
-from .sqlite import INSERT_TEMPLATE, ProbeCache, compact_configs, compact_params
+from .sqlite import INSERT_TEMPLATE, ProbeCache, compact_configs, compact_params, drop_unused
 
 log = logging.getLogger("te_fl_attention.cache")
 
@@ -427,16 +427,13 @@ def _copy_store(conn: sqlite3.Connection, device_fp: str | None) -> None:
             "p.config_key, p.backend, c.device_fp, c.versions_key, p.result) ELSE p.crc ="
             " te_compact_crc(p.config_key, p.backend, p.ctx, p.rid, p.elapsed_ms, p.e1, p.e2, p.e3)"
             " AND p.rid IN (SELECT rid FROM templates) END" + device, args)  # fmt: skip
-        conn.execute("DELETE FROM templates WHERE rid NOT IN (SELECT rid FROM probes WHERE rid IS"
-                     " NOT NULL)")  # fmt: skip
         conn.execute("INSERT OR IGNORE INTO bases SELECT * FROM src.bases b WHERE b.base ="
                      " te_text_id(b.config)")  # fmt: skip
         conn.execute("INSERT OR IGNORE INTO configs (config_key, config, base) SELECT"
                      " g.config_key, g.config, g.base FROM src.configs g WHERE g.config_key IN"
                      " (SELECT config_key FROM probes) AND (g.base IS NULL OR g.base IN (SELECT"
                      " base FROM bases))")  # fmt: skip
-        conn.execute("DELETE FROM bases WHERE base NOT IN (SELECT base FROM configs WHERE base IS"
-                     " NOT NULL)")  # fmt: skip
+        drop_unused(conn)  # (the templates and bases of rows and configs left out)
     conn.execute("DELETE FROM contexts WHERE ctx NOT IN (SELECT ctx FROM probes)")
 
 
@@ -513,7 +510,7 @@ class _Pass:
         self.rejected.append((self.seen, reason))
 
     def rows(self, cursor: Any, contexts: dict[int, tuple[str, str]],
-             templates: dict[int, tuple[bool, tuple[Any, ...]]], emit: Any, lo: str = "",
+             templates: dict[int, _Template], emit: Any, lo: str = "",
              end: str | None = None) -> None:  # fmt: skip
         """Check every row of ``cursor`` (:func:`_scan`, in key order, from ``lo`` to ``end``)
         and hand the copier each checked range of config keys with the keys it must leave out
@@ -651,13 +648,22 @@ def _contexts(conn: sqlite3.Connection
     return good, devices
 
 
-def _templates(conn: sqlite3.Connection) -> dict[int, tuple[bool, tuple[Any, ...]]]:
-    """The pack's templates: id -> (whether the validator accepts it as it is, for every value of
-    its holes: any value the row checks allow passes it; what its rows must hold: backend and
-    stage as UTF-8, ``supported``, and whether each of ``e1``..``e3`` is past its holes), or
+def _shape(backend: bytes, supported: int, stage: bytes, holes: int) -> tuple[Any, ...]:
+    """What every row of a template must hold, as the row checks compare it: backend and stage
+    as UTF-8, ``supported``, and whether each of ``e1``..``e3`` is past the template's holes."""
+    return (backend, supported, stage, *(holes <= i for i in range(1, HOLES)))
+
+
+#: A checked template: whether the validator accepts it as it is, its :func:`_shape`, its holes.
+_Template = tuple[bool, tuple[Any, ...], int]
+
+
+def _templates(conn: sqlite3.Connection) -> dict[int, _Template]:
+    """The pack's templates: id -> whether the validator accepts it as it is (for every value of
+    its holes: any value the row checks allow passes it), its :func:`_shape` and holes; or
     :class:`PackError` for a template whose text is not the one its id names, or whose holes are
     not as many as it says."""
-    out: dict[int, tuple[bool, tuple[Any, ...]]] = {}
+    out: dict[int, _Template] = {}
     where = _qualified(TEMPLATE_CHECKS, "t")
     for rid, backend, supported, stage, holes, text, ok in conn.execute(
             "SELECT t.rid, CAST(t.backend AS BLOB), t.supported, CAST(t.stage AS BLOB), t.holes,"
@@ -666,7 +672,7 @@ def _templates(conn: sqlite3.Connection) -> dict[int, tuple[bool, tuple[Any, ...
             raise PackError(f"template {str(rid)[:24]} is not the template its id names")
         key = CacheKey("0" * 64, backend.decode(), "0" * 64, "0" * 64)
         out[rid] = (_verdict(key, text) == (supported, stage),
-                    (backend, supported, stage, holes < 2, holes < 3, holes < 4))
+                    _shape(backend, supported, stage, holes), holes)
     return out
 
 
@@ -771,7 +777,7 @@ class _Checked:
     version: int
     contexts: dict[int, tuple[str, str]]
     devices: dict[int, str | None]
-    templates: dict[int, tuple[bool, tuple[Any, ...]]]
+    templates: dict[int, _Template]
     bases: set[int]
     claimed: int
 
@@ -785,6 +791,8 @@ def _check_pack(conn: sqlite3.Connection) -> _Checked:
     return _Checked(version, contexts, devices, _templates(conn), _bases(conn), claimed)
 
 
+#: A checked template into the store (``main``: the pack attached beside it has one too).
+_INSERT_TEMPLATE_MAIN = INSERT_TEMPLATE.replace("INTO templates", "INTO main.templates", 1)
 _FAILS_SQL = "fails the pack's checks (types, ranges, sizes or context)"
 #: What reading a pack can raise: SQLite's errors, and :class:`UnicodeDecodeError` where SQLite's
 #: message quotes schema text that is not UTF-8 (Python's sqlite3 cannot decode it).
@@ -878,7 +886,6 @@ class _Copier(threading.Thread):
         self.error: BaseException | None = None
         self.refused: PackError | None = None  # the quick_check's refusal
         self.checked = threading.Event()
-        self.lock = threading.Lock()  # (two threads hand on ranges when a helper checks half)
         tail = _CONFLICT[rule]
         columns = _P_COLUMNS if version >= 2 else f"{_P_COLUMNS_1}, NULL, NULL, NULL, NULL"
         copy = _RANGE.replace("{columns}", columns)
@@ -1007,8 +1014,8 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str, split: bool = Tr
                 helper = Helper.start({
                     "pack": str(pack), "lo": mid, "version": version, "ok": sql_ok,
                     "contexts": [[c, fp, vk] for c, (fp, vk) in ctxs.items()],
-                    "templates": [[rid, ok, b.hex(), sup, stage.hex(), 4 - sum(past)]
-                                  for rid, (ok, (b, sup, stage, *past)) in
+                    "templates": [[rid, ok, b.hex(), sup, stage.hex(), holes]
+                                  for rid, (ok, (b, sup, stage, *_), holes) in
                                   found.templates.items()],
                 }, copier.emit)  # fmt: skip
             copier.configs(check.configs(reader.execute(_verify_configs(version, found.bases))))
@@ -1035,11 +1042,11 @@ def _copy_pack(conn: sqlite3.Connection, pack: Path, rule: str, split: bool = Tr
         copier = None
         passed = check.passed + _slow_rows(conn, rule, check, version)
         if version >= 2:  # the templates the validator accepts as they are, and the bases
-            conn.executemany(INSERT_TEMPLATE.replace("INTO templates", "INTO main.templates"), (
+            conn.executemany(_INSERT_TEMPLATE_MAIN, (
                 t for t in conn.execute("SELECT * FROM pk.templates")
                 if found.templates[t[0]][0]))  # fmt: skip
             conn.execute("INSERT OR IGNORE INTO main.bases SELECT * FROM pk.bases")
-        _copy_configs(conn, check)
+        _copy_configs(conn, check, version)
         after = conn.execute("SELECT count(*) FROM main.probes").fetchone()[0]
         if _change_counter(pack) != counter:
             raise PackError("the pack changed while it was read")
@@ -1126,19 +1133,17 @@ def _slow_rows(conn: sqlite3.Connection, rule: str, check: _Pass, version: int) 
         rows.append(row_params(row))
     if rows:
         params, templates = compact_params(rows)
-        conn.executemany(INSERT_TEMPLATE.replace("INTO templates", "INTO main.templates"),
+        conn.executemany(_INSERT_TEMPLATE_MAIN,
                          templates)  # (made from the checked text: right whatever the pack said)
         conn.executemany(f"INSERT INTO main.probes ({_COLUMNS}) VALUES ({','.join('?' * 14)})"
                          + _CONFLICT[rule], params)  # fmt: skip
     return len(rows)
 
 
-def _copy_configs(conn: sqlite3.Connection, check: _Pass) -> None:
+def _copy_configs(conn: sqlite3.Connection, check: _Pass, version: int) -> None:
     """The configs the quick test did not pass (the copier took the others), through the Python
     validator; a bad one is dropped (its rows stay) and counted."""
-    sql = "SELECT config, {base} FROM pk.configs WHERE config_key = ?"
-    has_base = "base" in {r[1] for r in conn.execute("PRAGMA pk.table_info(configs)")}
-    sql = sql.format(base="base" if has_base else "NULL")
+    sql = f"SELECT config, {'base' if version >= 2 else 'NULL'} FROM pk.configs WHERE config_key=?"
     for ck in check.slow_configs:
         text, base = conn.execute(sql, (ck,)).fetchone()
         try:
@@ -1240,9 +1245,7 @@ class Helper:
         self.errors.seek(0)
         tail = self.errors.read()[-500:].decode(errors="replace").strip()
         self.errors.close()
-        if isinstance(self.failed, (PackError, sqlite3.DatabaseError)):
-            raise self.failed
-        if self.failed is not None:
+        if self.failed is not None:  # the pack's refusal, its damage, or the copier's error
             raise self.failed
         done = self.done
         if code != 0 or not isinstance(done, dict):
@@ -1284,8 +1287,8 @@ def helper_main() -> None:
 
     check = _Pass()
     contexts = {int(c): (str(fp), str(vk)) for c, fp, vk in job["contexts"]}
-    templates = {int(rid): (bool(ok), (bytes.fromhex(b), int(sup), bytes.fromhex(stage),
-                                       holes < 2, holes < 3, holes < 4))
+    templates = {int(rid): (bool(ok), _shape(bytes.fromhex(b), int(sup), bytes.fromhex(stage),
+                                             int(holes)), int(holes))
                  for rid, ok, b, sup, stage, holes in job["templates"]}  # fmt: skip
     reader = _connect_pack(Path(job["pack"]))
     try:

@@ -132,7 +132,6 @@ class _Queries:
 
 
 _QUERIES = {1: _Queries(1), 2: _Queries(2)}
-_Q2 = _QUERIES[2]
 
 
 #: A job's slice (all rows of one device and versions key) is read in one query only from a
@@ -193,6 +192,7 @@ class ProbeCache(SQLiteFile, BaseCache):
         self._known_ctx: dict[int, bool] = {}  # ctx -> stored with device JSON
         self._known_cfg: set[str] = set()
         self._parts: dict[int, tuple[bytes, list[bytes]]] = {}  # template id -> text, pieces
+        self.schema = SCHEMA_VERSION  # (the open file's, once open: 1 for a schema-1 file read)
         self._bad_rows = 0
         #: Rows that ``put_many``/a bulk writer had to keep in memory (the file was not written).
         self.in_memory_writes = 0
@@ -262,7 +262,7 @@ class ProbeCache(SQLiteFile, BaseCache):
     @property
     def _q(self) -> _Queries:
         """The lookup statements of the open file's schema."""
-        return _QUERIES.get(getattr(self, "schema", 2), _Q2)
+        return _QUERIES[self.schema]
 
     def _decode(self, key: CacheKey, row: Any) -> ProbeResult | None:
         """The result of a lookup's columns (``crc, result, rid, elapsed_ms, e1, e2, e3,
@@ -564,7 +564,7 @@ class ProbeCache(SQLiteFile, BaseCache):
             with contextlib.suppress(OSError):
                 size += os.stat(f"{self.path}{suffix}").st_size
         return {"path": str(self.path), "mode": self.mode, "size_bytes": size,
-                "schema_version": getattr(self, "schema", SCHEMA_VERSION), **out}  # fmt: skip
+                "schema_version": self.schema, **out}  # fmt: skip
 
     # ---------------------------------------------------------------- writes
     def put_many(
@@ -615,7 +615,7 @@ class ProbeCache(SQLiteFile, BaseCache):
         rows, templates = compact_params(params)
 
         def write(conn: sqlite3.Connection) -> int:
-            if getattr(self, "schema", 2) < 2:  # (a schema-1 file is only ever read)
+            if self.schema < 2:  # (a schema-1 file is only ever read)
                 raise sqlite3.OperationalError("attempt to write a readonly database")
             known = self._known_ctx
             new_ctx = [v for k, v in ctxs.items()
@@ -672,7 +672,7 @@ class ProbeCache(SQLiteFile, BaseCache):
                                  args).rowcount  # fmt: skip
                 conn.execute("DELETE FROM configs WHERE config_key NOT IN "
                              "(SELECT config_key FROM probes)")  # fmt: skip
-                _drop_unused(conn)
+                drop_unused(conn)
             self._known_cfg.clear()
             return n
 
@@ -687,7 +687,7 @@ class ProbeCache(SQLiteFile, BaseCache):
             with write_txn(conn):
                 n = conn.execute("DELETE FROM probes").rowcount
                 conn.execute("DELETE FROM configs")
-                _drop_unused(conn)
+                drop_unused(conn)
             self._known_cfg.clear()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("VACUUM")
@@ -815,7 +815,7 @@ def compact_configs(cfgs: list[tuple[str, tuple[str, Any]]]
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _drop_unused(conn: sqlite3.Connection) -> None:
+def drop_unused(conn: sqlite3.Connection) -> None:
     """Delete the templates and base configs no row or config uses (in a write transaction: a
     writer stores a row's template with the row, so none is lost to a concurrent prune)."""
     conn.execute("DELETE FROM templates WHERE rid NOT IN (SELECT rid FROM probes WHERE rid IS"

@@ -155,6 +155,19 @@ def test_migration_keeps_every_row_and_writes_new_rows_compact(tmp_path, cache_l
     assert not _quarantined(path) and cache_log.at(30) == []
 
 
+def test_the_migration_is_logged_only_by_the_process_that_made_it(tmp_path, cache_log):
+    path = tmp_path / "p.sqlite"
+    _schema1(path, _rows(4))
+    with ProbeCache(path) as store:
+        assert len(store) == 4 and store.schema == 2
+        migrated = [m for m in cache_log.at(20) if "migrated" in m]
+        assert len(migrated) == 1 and "schema 1 migrated to 2" in migrated[0]
+        # Another process's migration already done: nothing to do, nothing said.
+        store.run(store._migrate, write=True, miss=None)
+        assert [m for m in cache_log.at(20) if "migrated" in m] == migrated
+    assert _raw(path, "SELECT count(*) FROM meta WHERE name='migrated_at'") == [(1,)]
+
+
 def test_a_schema_1_store_opened_read_only_is_read_as_it_is(tmp_path, cache_log):
     path = tmp_path / "p.sqlite"
     rows = _rows(20)
